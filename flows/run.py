@@ -1,0 +1,40 @@
+"""`make run`: the whole pipeline through `dvc repro`, in one MLflow run, then a summary.
+
+Every stage is its own process under DVC; they find the pipeline's MLflow run through
+MLFLOW_RUN_ID, which this driver opens first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flows.summary import NEXT_STEPS, summary_table
+from rollwise import track
+from rollwise.config import ParamsError, load_params
+
+
+def main(root: Path = Path(".")) -> int:
+    try:
+        params = load_params(root / "params.yaml")  # fail on bad params before any work
+    except ParamsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_id = track.open_run(root, params.model_dump(), run_name="dvc-repro")
+    env = {**os.environ, "MLFLOW_RUN_ID": run_id}
+    dvc = str(Path(sys.executable).parent / "dvc")
+    code = subprocess.call([dvc, "repro"], cwd=root, env=env)
+    if code != 0:
+        track.finish_run(run_id, "FAILED", root=root)
+        print(f"dvc repro failed (exit {code}); finished stages are kept, rerun to resume")
+        return code
+    table = summary_table(root, params)
+    print(table)
+    track.finish_run(run_id, root=root)
+    print(NEXT_STEPS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

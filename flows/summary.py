@@ -1,0 +1,59 @@
+"""The end-of-run summary: what was learned, what it cost, where to look next."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rollwise.config import Params
+
+
+def read_metrics(root: Path) -> dict[str, dict]:
+    folder = root / "data" / "metrics"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def summary_table(root: Path, params: Params) -> str:
+    m = read_metrics(root)
+    ev = m.get("evaluate")
+    lines = ["", "rollwise summary", "=" * 60]
+    if ev:
+        for label, key in (("warm start", "warmstart"), ("final", "final")):
+            lines.append(
+                f"held-out success, {label:<10} {100 * ev[f'{key}_success']:5.1f}%  "
+                f"(95% CI {100 * ev[f'{key}_success_lo']:.1f}–{100 * ev[f'{key}_success_hi']:.1f}%)"
+            )
+        lines.append(
+            f"gain                          {ev['gain_pts']:+5.1f} points "
+            f"on {ev['tasks']} held-out tasks"
+        )
+    rollouts = [v for k, v in m.items() if k.startswith("rollout@")]
+    totals = {
+        k: sum(r.get(k, 0) for r in rollouts)
+        for k in ("episodes", "tool_calls", "verifier_calls", "generated_tokens")
+    }
+    lines += [
+        f"rollouts spent                {totals['episodes']} episodes over {len(rollouts)} rounds",
+        f"tool calls                    {totals['tool_calls']}",
+        f"verifier calls                {totals['verifier_calls']}",
+        f"generated tokens              {totals['generated_tokens']}",
+        "",
+        "wall time per stage (s)",
+    ]
+    by_stage: dict[str, float] = {}
+    for name, v in m.items():
+        by_stage[name.split("@")[0]] = by_stage.get(name.split("@")[0], 0.0) + v.get("wall_s", 0.0)
+    for stage in ("generate", "warmstart", "rollout", "curate", "credit", "train", "evaluate"):
+        if stage in by_stage:
+            lines.append(f"  {stage:<12} {by_stage[stage]:8.1f}")
+    lines.append(f"  {'total':<12} {sum(by_stage.values()):8.1f}")
+    return "\n".join(lines)
+
+
+NEXT_STEPS = """
+Where to look next:
+  data/eval/report.md, data/eval/per_round.png   the held-out report and plot
+  dvc metrics show                               every stage's numbers
+  make ui                                        Prefect UI (trigger runs), MLflow UI (compare)
+  mlflow ui --backend-store-uri sqlite:///mlflow.db   MLflow alone, on this run's store
+"""

@@ -1,0 +1,1 @@
+"""rollwise: RL post-training of tool-using agents."""

@@ -1,0 +1,181 @@
+"""One frozen model per params.yaml section. Unknown keys or bad values fail before any work,
+with an error that names the key path (e.g. `params.yaml: train.lr: Input should be ...`)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvsConfig(Section):
+    """The synthetic suite (envs/generate.py)."""
+
+    seed: int = 0
+    n_envs: int = Field(12, ge=1)
+    domains: list[str] = ["shop", "clinic", "library", "travel", "garage", "school"]
+    owners_per_env: int = Field(8, ge=2, le=80)
+    max_records: int = Field(3, ge=1, le=8)
+    tasks_per_env: int = Field(40, ge=1)
+    heldout_envs: int = Field(2, ge=0)
+    heldout_task_frac: float = Field(0.2, ge=0, le=1)
+    task_kinds: list[str] = ["city_by_id", "city_by_name", "count", "status", "amount", "cancel"]
+
+
+class PolicyConfig(Section):
+    """The policy: a local HF folder (`model`), or a tiny Qwen2 built from this config."""
+
+    model: str | None = None
+    hidden: int = Field(128, ge=16)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    kv_heads: int = Field(2, ge=1)
+    intermediate: int = Field(512, ge=16)
+    max_context: int = Field(512, ge=64)
+    seed: int = 0
+
+
+class WarmstartConfig(Section):
+    """SFT on oracle trajectories of the train split, stopped early so RL has room."""
+
+    steps: int = Field(150, ge=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    seed: int = 0
+
+
+class ScheduleConfig(Section):
+    method: Literal["random"] = "random"
+    tasks_per_round: int = Field(32, ge=1)
+    seed: int = 0
+
+
+class RolloutConfig(Section):
+    samples_per_task: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    max_turns: int = Field(6, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    batch_size: int = Field(256, ge=1)
+    tool_timeout_s: float = Field(5.0, gt=0)
+    seed: int = 0
+
+
+class CurateConfig(Section):
+    drop_env_errors: bool = True
+
+
+class CreditConfig(Section):
+    method: Literal["grpo"] = "grpo"
+    std_norm: bool = True  # False gives Dr.GRPO's unscaled advantages
+    eps: float = Field(1e-6, gt=0)
+
+
+class TrainConfig(Section):
+    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(2, ge=1)
+    micro_batch: int = Field(64, ge=1)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = 0
+
+
+class EvaluateConfig(Section):
+    split: Literal["heldout", "train"] = "heldout"
+    max_tasks: int = Field(400, ge=1)
+    max_turns: int = Field(6, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+
+
+class Params(Section):
+    envs: EnvsConfig = EnvsConfig()
+    policy: PolicyConfig = PolicyConfig()
+    warmstart: WarmstartConfig = WarmstartConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    curate: CurateConfig = CurateConfig()
+    credit: CreditConfig = CreditConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    rounds: dict[str, str] = {"01": "00"}  # round -> the round whose checkpoint it starts from
+
+    @field_validator("rounds")
+    @classmethod
+    def consecutive(cls, v: dict[str, str]) -> dict[str, str]:
+        want = {f"{r:02d}": f"{r - 1:02d}" for r in range(1, len(v) + 1)}
+        if v != want:
+            raise ValueError(f"rounds must be {want} for {len(v)} rounds (got {v})")
+        return v
+
+    @property
+    def n_rounds(self) -> int:
+        return len(self.rounds)
+
+
+class ParamsError(ValueError):
+    """A params file or override that cannot be used; the message names the key path."""
+
+
+def rounds_dict(n: int) -> dict[str, str]:
+    """The `rounds` mapping for n rounds (what dvc.yaml's foreach iterates)."""
+    return {f"{r:02d}": f"{r - 1:02d}" for r in range(1, n + 1)}
+
+
+def validate(raw: dict[str, Any], source: str = "params.yaml") -> Params:
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as e:
+        lines = [f"{source}: {'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+        raise ParamsError("\n".join(lines)) from None
+
+
+def read_raw(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of stage sections")
+    return raw
+
+
+def load_params(
+    path: Path = Path("params.yaml"), overrides: dict[str, Any] | None = None
+) -> Params:
+    raw = apply_overrides(read_raw(path), overrides or {})
+    return validate(raw, str(path))
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys (`train.lr`); the key path must exist. `rounds` also takes a count."""
+    out = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        if dotted == "rounds" and isinstance(value, int):
+            value = rounds_dict(value)
+        *parents, leaf = dotted.split(".")
+        node = out
+        for i, key in enumerate(parents):
+            if key not in Params.model_fields and i == 0:
+                raise ParamsError(f"override {dotted}: unknown section {key!r}")
+            node = node.setdefault(key, {})
+        fields = (
+            Params.model_fields[parents[0]].annotation.model_fields
+            if parents
+            else Params.model_fields
+        )
+        if leaf not in fields:
+            raise ParamsError(f"override {dotted}: unknown key {leaf!r}")
+        node[leaf] = value
+    validate(out, "overrides")
+    return out

@@ -1,0 +1,1 @@
+"""Curation: decide which failures may teach (attribution, filters, the success bank)."""

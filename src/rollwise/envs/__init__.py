@@ -1,0 +1,1 @@
+"""Tool-use environments: synthetic suites over SQLite state, their runtime and verifiers."""

@@ -1,0 +1,1 @@
+"""Evaluation: held-out success with intervals, reports and plots."""

@@ -1,0 +1,1 @@
+"""The policy: building the tiny default model, the chat format, and generation backends."""

@@ -1,0 +1,79 @@
+"""The chat format as token pieces. Prompts, actions and observations are tokenized once each and
+concatenated; rollout and SFT build sequences the same way, so training sees exactly the tokens
+the policy produced (never a re-tokenization of the whole conversation)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from rollwise.types import Observation, ToolCall, ToolSpec
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+MAX_CALLS_PER_TURN = 8
+
+
+@dataclass
+class Action:
+    """A parsed assistant turn: tool calls, or a final answer, or an error to show the policy."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    answer: str | None = None
+    error: str | None = None
+
+
+def parse_action(text: str, eos: str = "<|im_end|>") -> Action:
+    """Hermes/Qwen tool calls in assistant text. Model output is data: json.loads only."""
+    text = text.replace(eos, "")
+    bodies = TOOL_CALL.findall(text)
+    if not bodies:
+        if "<tool_call>" in text or "</tool_call>" in text:
+            return Action(error="malformed tool call: unbalanced <tool_call> tags")
+        return Action(answer=text.strip())
+    if len(bodies) > MAX_CALLS_PER_TURN:
+        return Action(
+            error=f"too many tool calls in one turn ({len(bodies)} > {MAX_CALLS_PER_TURN})"
+        )
+    calls = []
+    for body in bodies:
+        try:
+            obj = json.loads(body)
+        except (json.JSONDecodeError, RecursionError):
+            return Action(error="malformed tool call: not valid JSON")
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return Action(error='malformed tool call: expected {"name": ..., "arguments": {...}}')
+        args = obj.get("arguments", {})
+        if not isinstance(args, dict):
+            return Action(error="malformed tool call: arguments must be an object")
+        calls.append(ToolCall(obj["name"], args))
+    return Action(calls=calls)
+
+
+def prompt_ids(tokenizer, messages: list[dict], tools: list[ToolSpec]) -> list[int]:
+    """The opening prompt through the tokenizer's own chat template, ending in the assistant cue."""
+    ids = tokenizer.apply_chat_template(
+        messages,
+        tools=[t.to_openai() for t in tools],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)
+
+
+def observation_text(observations: list[Observation]) -> str:
+    """What follows a finished assistant turn: the tool results, then the next assistant cue."""
+    body = "".join(f"<tool_response>{o.content}</tool_response>" for o in observations)
+    return f"\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def action_text(calls: list[ToolCall] | None = None, answer: str | None = None) -> str:
+    """An oracle assistant turn (for SFT), in the exact format the policy is to emit."""
+    if calls:
+        return "".join(f"<tool_call>{c.to_json()}</tool_call>" for c in calls) + "<|im_end|>"
+    return f"{answer}<|im_end|>"
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,1 @@
+"""The rollout engine and its cost accounting."""

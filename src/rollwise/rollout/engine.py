@@ -1,0 +1,233 @@
+"""The one batched multi-turn loop. All live episodes advance together; finished ones leave.
+
+Each episode's sequence is built token-in, token-out: the prompt is tokenized once, then each
+turn appends exactly the generated ids (loss mask 1) and the observation ids (mask 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids
+from rollwise.types import Observation, Task, ToolCall
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_turns: int = 6
+    max_new_tokens: int = 48
+    max_context: int = 512
+    temperature: float = 1.0
+    greedy: bool = False
+    tool_timeout_s: float = 5.0
+    batch_size: int = 256
+    seed: int = 0
+
+
+@dataclass
+class EpisodeSpec:
+    episode_id: str
+    task: Task
+    env: object  # an Environment (envs/protocol.py); one private copy per episode
+    group: str = ""
+    sample: int = 0
+    seed: int = 0
+
+
+@dataclass
+class Live:
+    spec: EpisodeSpec
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turn_spans: list[list[int]] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    prompt_len: int = 0
+    answer: str | None = None
+    termination: str | None = None
+    tool_errors: int = 0
+    env_errors: int = 0
+    t0: float = 0.0
+    wall_s: float = 0.0
+
+    def extend(self, ids: list[int], logprobs: list[float] | None, policy: bool) -> None:
+        self.ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.mask += [int(policy)] * len(ids)
+
+    def end(self, reason: str) -> None:
+        self.termination, self.wall_s = reason, time.perf_counter() - self.t0
+
+
+def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -> tuple[list, list]:
+    """Roll out every spec to an answer or a limit; returns (episode rows, step rows)."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        live = [start(s, tokenizer) for s in specs]
+        for turn in range(limits.max_turns):
+            active = [e for e in live if e.termination is None]
+            active = [e for e in active if fits(e, limits)]
+            if not active:
+                break
+            for lo in range(0, len(active), limits.batch_size):
+                chunk = active[lo : lo + limits.batch_size]
+                advance(
+                    chunk, backend, tokenizer, limits, pool, seed=limits.seed + 1000 * turn + lo
+                )
+        for e in live:
+            if e.termination is None:
+                e.end("max_turns")
+        return [finish(e) for e in live], [s for e in live for s in e.steps]
+
+
+def start(spec: EpisodeSpec, tokenizer) -> Live:
+    e = Live(spec, t0=time.perf_counter())
+    try:
+        messages = spec.env.reset(spec.task, spec.seed)
+        e.extend(prompt_ids(tokenizer, messages, spec.env.tools()), None, policy=False)
+    except Exception as exc:  # a user environment that raises costs this episode only
+        e.answer = f"reset failed: {type(exc).__name__}"
+        e.env_errors += 1
+        e.end("env_error")
+    e.prompt_len = len(e.ids)
+    return e
+
+
+def fits(e: Live, limits: Limits) -> bool:
+    if len(e.ids) + 1 >= limits.max_context:
+        e.end("context")
+        return False
+    return True
+
+
+def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool, seed: int) -> None:
+    """One turn for a chunk: generate, parse, execute the tool calls concurrently, observe."""
+    room = min(limits.max_new_tokens, limits.max_context - max(len(e.ids) for e in chunk))
+    outs = backend.generate(
+        [e.ids for e in chunk], max(1, room), limits.temperature, greedy=limits.greedy, seed=seed
+    )
+    pending = []
+    for e, out in zip(chunk, outs, strict=True):
+        span = [len(e.ids), len(e.ids) + len(out.token_ids)]
+        e.extend(out.token_ids, out.logprobs, policy=True)
+        e.turn_spans.append(span)
+        if not out.stopped:
+            e.end("max_tokens")
+            continue
+        action = parse_action(tokenizer.decode(out.token_ids, skip_special_tokens=False))
+        if action.answer is not None:
+            e.answer = action.answer
+            e.end("answer")
+        elif action.error is not None:
+            e.tool_errors += 1
+            observe(e, [Observation(json.dumps({"error": action.error}), "tool_error")], tokenizer)
+        else:
+            pending.append(
+                (e, span, len(action.calls), pool.submit(execute, e.spec.env, action.calls))
+            )
+    for e, span, n_calls, future in pending:
+        try:
+            results = future.result(timeout=limits.tool_timeout_s * n_calls)
+        except FutureTimeout:
+            e.env_errors += 1
+            e.answer = None
+            e.end("env_error")  # the hung call may still hold the state: stop this episode
+            continue
+        for call, obs, before, after in results:
+            record_step(e, call, obs, before, after, span)
+        observe(e, [r[1] for r in results], tokenizer)
+
+
+def execute(env, calls: list[ToolCall]) -> list[tuple]:
+    """Run one episode's calls in order (they may depend on each other's state)."""
+    out = []
+    for call in calls:
+        before = safe_fingerprint(env)
+        try:
+            obs = env.step(call)
+        except Exception as exc:  # the protocol says errors are observations; enforce it
+            obs = Observation(
+                json.dumps({"error": f"environment: {type(exc).__name__}"}), "env_error"
+            )
+        out.append((call, obs, before, safe_fingerprint(env)))
+    return out
+
+
+def safe_fingerprint(env) -> str:
+    try:
+        return env.fingerprint()
+    except Exception:
+        return "unavailable"
+
+
+def record_step(e: Live, call: ToolCall, obs: Observation, before: str, after: str, span) -> None:
+    e.calls.append(call)
+    e.tool_errors += obs.kind == "tool_error"
+    e.env_errors += obs.kind == "env_error"
+    e.steps.append(
+        {
+            "episode_id": e.spec.episode_id,
+            "step": len(e.steps),
+            "fingerprint_before": before,
+            "fingerprint_after": after,
+            "tool": call.name,
+            "arguments": json.dumps(call.arguments, default=str),
+            "observation": obs.content,
+            "observation_kind": obs.kind,
+            "span_start": span[0],
+            "span_end": span[1],
+        }
+    )
+
+
+def observe(e: Live, observations: list[Observation], tokenizer) -> None:
+    e.extend(encode(tokenizer, observation_text(observations)), None, policy=False)
+
+
+def finish(e: Live) -> dict:
+    """Verify and flatten into an episode row (design.md §2 columns)."""
+    rubric, verifier_calls = None, 0
+    if e.prompt_len:  # reset succeeded
+        try:
+            rubric, verifier_calls = e.spec.env.verify(e.answer, e.calls), 1
+        except Exception:
+            e.env_errors += 1
+            e.termination = "env_error"
+    scores = rubric.scores if rubric else {}
+    s = e.spec
+    return {
+        "episode_id": s.episode_id,
+        "env_id": s.task.env_id,
+        "task_id": s.task.task_id,
+        "group": s.group,
+        "sample": s.sample,
+        "seed": s.seed,
+        "token_ids": e.ids,
+        "logprobs": e.logprobs,
+        "loss_mask": e.mask,
+        "turn_spans": e.turn_spans,
+        "prompt_len": e.prompt_len,
+        "answer": e.answer,
+        "reward": rubric.reward if rubric else 0.0,
+        "success": bool(rubric and rubric.success),
+        "rubric": json.dumps(scores),
+        "termination": e.termination,
+        "prompt_tokens": len(e.ids) - sum(e.mask),
+        "generated_tokens": sum(e.mask),
+        "turns": len(e.turn_spans),
+        "tool_calls": len(e.calls),
+        "tool_errors": e.tool_errors,
+        "env_errors": e.env_errors,
+        "verifier_calls": verifier_calls,
+        "wall_s": e.wall_s,
+    }
+
+
+def clone_env(prototype):
+    """A private copy of an environment for one episode (state is created in reset)."""
+    return copy.copy(prototype)

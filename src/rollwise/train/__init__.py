@@ -1,0 +1,1 @@
+"""Policy updates: the SFT warm start and the RL loss, optimizer and trainer."""

@@ -1,0 +1,86 @@
+"""Warm start: supervised fine-tuning on oracle trajectories, built with the rollout's own
+token pieces so SFT and RL see identical formats."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import torch
+
+from rollwise.policy.chat import action_text, encode, observation_text, prompt_ids
+from rollwise.types import Task
+
+
+def oracle_texts(task: Task, env, tokenizer) -> tuple[list[int], list[tuple[str, str | None]]]:
+    """Prompt ids and the (action text, observation text) turns of the oracle solution."""
+    prompt = prompt_ids(tokenizer, env.reset(task, seed=0), env.tools())
+    turns = []
+    for call in task.oracle:
+        turns.append((action_text([call]), observation_text([env.step(call)])))
+    turns.append((action_text(answer=task.answer), None))
+    return prompt, turns
+
+
+def oracle_sequence(task: Task, env, tokenizer) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask): mask 1 on the assistant's tokens only."""
+    ids, turns = oracle_texts(task, env, tokenizer)
+    mask = [0] * len(ids)
+    for action, observation in turns:
+        piece = encode(tokenizer, action)
+        ids, mask = ids + piece, mask + [1] * len(piece)
+        if observation is not None:
+            piece = encode(tokenizer, observation)
+            ids, mask = ids + piece, mask + [0] * len(piece)
+    return ids, mask
+
+
+def pad_batch(seqs: list[tuple[list[int], list[int]]], pad_id: int):
+    """Right-padded [B, T] ids, attention mask and loss mask."""
+    width = max(len(ids) for ids, _ in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, T]
+    attn = torch.zeros_like(ids)  # [B, T]
+    loss_mask = torch.zeros_like(ids, dtype=torch.float)  # [B, T]
+    for i, (s, m) in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+    return ids, attn, loss_mask
+
+
+def sft(
+    model,
+    seqs: list[tuple[list[int], list[int]]],
+    cfg,
+    pad_id: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Masked next-token cross-entropy, AdamW with warmup and cosine decay; returns losses."""
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    warmup = max(1, cfg.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
+    )
+    model.train()
+    losses = []
+    for step in range(cfg.steps):
+        ids, attn, loss_mask = pad_batch(rng.sample(seqs, min(cfg.batch_size, len(seqs))), pad_id)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
+        nll = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), ids[:, 1:], reduction="none"
+        )  # [B, T-1]
+        target_mask = loss_mask[:, 1:]  # [B, T-1]
+        loss = (nll * target_mask).sum() / target_mask.sum()  # []
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if on_step:
+            on_step(step, loss.item())
+    model.eval()
+    return losses

@@ -1,0 +1,52 @@
+"""Stage `train@NN`: one PPO-clip update of policy NN-1 -> models/round_NN/ (+ trainer state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from rollwise.config import Params
+from tasks.common import atomic_dir, log, model_dir, require, round_dir, stage_main
+from tasks.credit import kept_episodes
+from tasks.rollout import stage_of_model
+
+
+def run(params: Params, root: Path, r: str) -> dict:
+    import torch
+
+    from rollwise.policy.build import load_policy, save_policy
+    from rollwise.train.trainer import (
+        load_state,
+        make_optimizer,
+        save_state,
+        train_round,
+        training_batch,
+    )
+
+    prev = params.rounds[r]
+    torch.manual_seed(params.train.seed * 1000 + int(r))
+    model, tokenizer = load_policy(require(model_dir(root, prev), stage_of_model(prev)))
+    advantages = pd.read_parquet(
+        require(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
+    )
+    items = training_batch(kept_episodes(root, r), advantages)
+    optimizer = make_optimizer(model, params.train)
+    step = load_state(model_dir(root, prev), optimizer)
+    for group in optimizer.param_groups:  # the params' lr wins over the saved one
+        group["lr"] = params.train.lr
+    ref = load_policy(model_dir(root, "00"))[0] if params.train.kl_coef > 0 else None
+    metrics = train_round(model, items, params.train, optimizer, tokenizer.pad_token_id, ref)
+    with atomic_dir(model_dir(root, r)) as out:
+        save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
+        save_state(out, optimizer, step + params.train.epochs)
+    log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
+    return metrics
+
+
+def main() -> None:
+    stage_main("train", run, with_round=True)
+
+
+if __name__ == "__main__":
+    main()

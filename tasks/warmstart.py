@@ -1,0 +1,75 @@
+"""Stage `warmstart`: the starting policy -> models/round_00/.
+
+Builds a tokenizer and a tiny Qwen2 and SFTs it on oracle trajectories of the train split
+(stopped early on purpose: RL needs room), or takes the user's local model folder as is."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rollwise.config import Params
+from rollwise.envs.runtime import load_suite
+from tasks.common import atomic_dir, envs_dir, log, model_dir, require, stage_main
+
+
+def run(params: Params, root: Path) -> dict:
+    from rollwise.policy.build import build_model, save_policy
+    from rollwise.train.sft import oracle_sequence, sft
+
+    suite = load_suite(require(envs_dir(root), "generate"))
+    if params.policy.model:
+        return copy_user_model(Path(params.policy.model), model_dir(root, "00"))
+    tokenizer = suite_tokenizer(suite)
+    model = build_model(tokenizer, params.policy)
+    train = [oracle_sequence(t, suite.envs[t.env_id], tokenizer) for t in suite.split("train")]
+    n_params = sum(p.numel() for p in model.parameters())
+    log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {len(train)} demos")
+
+    def progress(step: int, loss: float) -> None:
+        if step % 25 == 0 or step == params.warmstart.steps - 1:
+            log("warmstart", f"sft step {step + 1}/{params.warmstart.steps} loss {loss:.3f}")
+
+    losses = sft(model, train, params.warmstart, tokenizer.pad_token_id, on_step=progress)
+    with atomic_dir(model_dir(root, "00")) as out:
+        save_policy(
+            model, tokenizer, out, {"built_from": "policy params", "sft_steps": len(losses)}
+        )
+    return {
+        "params_m": n_params / 1e6,
+        "sft_final_loss": losses[-1] if losses else 0.0,
+        "demos": len(train),
+    }
+
+
+def suite_tokenizer(suite):
+    """Word-level vocabulary from the suite's text (vocabulary only: held-out tasks teach nothing
+    here, but their words must be tokens so unseen environments are not [UNK] soup)."""
+    from rollwise.policy.build import train_tokenizer
+    from rollwise.train.sft import oracle_texts
+
+    scratch = train_tokenizer([])
+    texts = []
+    for task in suite.tasks.values():
+        env = suite.envs[task.env_id]
+        msgs = env.reset(task, seed=0)
+        tools = [t.to_openai() for t in env.tools()]
+        texts.append(scratch.apply_chat_template(msgs, tools=tools, tokenize=False))
+        texts += [piece for turn in oracle_texts(task, env, scratch)[1] for piece in turn if piece]
+    return train_tokenizer(texts)
+
+
+def copy_user_model(src: Path, dst: Path) -> dict:
+    require(src / "config.json", "the user's model folder (policy.model)")
+    with atomic_dir(dst) as out:
+        shutil.copytree(src, out, dirs_exist_ok=True)
+    log("warmstart", f"using the local model {src}")
+    return {"params_m": 0.0, "sft_final_loss": 0.0, "demos": 0}
+
+
+def main() -> None:
+    stage_main("warmstart", run)
+
+
+if __name__ == "__main__":
+    main()
