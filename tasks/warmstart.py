@@ -49,7 +49,7 @@ def suite_tokenizer(suite):
     from rollwise.train.sft import oracle_texts
 
     scratch = train_tokenizer([])
-    texts = []
+    texts = [ERROR_WORDS]
     for task in suite.tasks.values():
         env = suite.envs[task.env_id]
         msgs = env.reset(task, seed=0)
@@ -57,6 +57,14 @@ def suite_tokenizer(suite):
         texts.append(scratch.apply_chat_template(msgs, tools=tools, tokenize=False))
         texts += [piece for turn in oracle_texts(task, env, scratch)[1] for piece in turn if piece]
     return train_tokenizer(texts)
+
+
+# The wording of error observations (runtime.py, chat.py, engine.py): the policy must read them.
+ERROR_WORDS = (
+    "error unknown tool takes exactly one argument must be integer string not found: environment "
+    "malformed tool call unbalanced tags not valid JSON expected name arguments must be an object "
+    "too many calls in one turn timed out reset failed"
+)
 
 
 def copy_user_model(src: Path, dst: Path) -> dict:

@@ -83,21 +83,23 @@ def buffer_path(root: Path) -> Path:
 # ---------------------------------------------------------------------------- public API
 
 
-def open_run(root: Path, params: dict, run_name: str | None = None) -> str:
+def open_run(root: Path, params: dict, run_name: str | None = None, fresh: bool = False) -> str:
     """Return the MLflow run id of the pipeline run that `params` describe.
 
     MLFLOW_RUN_ID wins; otherwise the latest RUNNING/FINISHED run in experiment "rollwise" tagged
     with this params hash is reused, or a new one is created with the flattened params. If the
     server is unreachable a pending id is returned and the run is created on the next flush.
+    `fresh` always creates a new run (a Prefect flow run is one pipeline run, even when its
+    params equal an earlier one's).
     """
     if os.environ.get("MLFLOW_RUN_ID"):
         return os.environ["MLFLOW_RUN_ID"]
     root = Path(root)
-    record = {"op": "open", "params": params, "run_name": run_name}
+    record = {"op": "open", "params": params, "run_name": run_name, "fresh": fresh}
     if not flush_buffer(root):
         return _buffer_open(root, record)
     try:
-        return _find_or_create(_client(root), root, params, run_name)
+        return _find_or_create(_client(root), root, params, run_name, fresh)
     except _Unreachable as exc:
         _warn(exc)
         return _buffer_open(root, record)
@@ -179,7 +181,9 @@ def _apply(client: MlflowClient, root: Path, record: dict) -> None:
     """Send one record. Raises _Unreachable on connection problems."""
     op = record["op"]
     if op == "open":
-        _find_or_create(client, root, record["params"], record["run_name"])
+        _find_or_create(
+            client, root, record["params"], record["run_name"], record.get("fresh", False)
+        )
         return
     with _translate_errors(client):
         run_id = _resolve(client, root, record["run_id"])
@@ -224,12 +228,14 @@ def _param_strings(params: dict) -> dict[str, str]:
 # ---------------------------------------------------------------------------- runs
 
 
-def _find_or_create(client: MlflowClient, root: Path, params: dict, run_name: str | None) -> str:
+def _find_or_create(
+    client: MlflowClient, root: Path, params: dict, run_name: str | None, fresh: bool = False
+) -> str:
     """The latest live run with this params hash, or a new one carrying the params."""
     digest = params_hash(params)
     with _translate_errors(client):
         exp_id = _experiment_id(client, root)
-        found = _find_run(client, exp_id, digest)
+        found = None if fresh else _find_run(client, exp_id, digest)
         if found is not None:
             return found
         run = client.create_run(exp_id, run_name=run_name, tags={HASH_TAG: digest})
@@ -267,8 +273,9 @@ def _experiment_id(client: MlflowClient, root: Path) -> str:
     if exp is not None:
         return exp.experiment_id
     location = None
-    if client.tracking_uri.startswith("sqlite:"):  # keep local artifacts inside the repo
-        location = (Path(root).resolve() / "mlruns").as_uri()
+    if client.tracking_uri.startswith("sqlite:"):  # artifacts beside the database file
+        db = Path(client.tracking_uri.removeprefix("sqlite:///"))
+        location = (db.parent / "mlruns").as_uri()
     try:
         return client.create_experiment(EXPERIMENT, artifact_location=location)
     except MlflowException:  # another process created it first

@@ -37,6 +37,7 @@ def score(
         "state_correct": float(state_ok),
         "no_side_effects": float(changed <= {target}),
         "calls_valid": sum(k == "ok" for k in call_kinds) / n_calls if n_calls else 1.0,
-        "efficiency": min(1.0, len(task.oracle) / max(1, n_calls)),
+        # No call at all is not efficient: every task needs at least one.
+        "efficiency": min(1.0, len(task.oracle) / n_calls) if n_calls else 0.0,
     }
     return Rubric(scores=scores, weights=WEIGHTS)

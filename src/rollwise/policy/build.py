@@ -103,7 +103,7 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     folder = Path(folder)
     config = folder / "tokenizer_config.json"
     declared = json.loads(config.read_text()).get("tokenizer_class") if config.exists() else None
-    if declared == "PreTrainedTokenizerFast":
+    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend"):  # transformers 4 / 5
         return PreTrainedTokenizerFast.from_pretrained(folder, padding_side="left")
     tok = AutoTokenizer.from_pretrained(folder, padding_side="left")
     if tok.pad_token is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from rollwise.train.loss import kl_k3, ppo_clip_loss, token_logprobs
 from rollwise.train.sft import pad_batch
@@ -21,7 +22,8 @@ def token_advantages(episodes: pd.DataFrame, advantages: pd.DataFrame) -> list[l
     out = []
     for ep, ids in zip(episodes["episode_id"], episodes["token_ids"], strict=True):
         adv = np.zeros(len(ids), dtype=np.float32)
-        for s, e, a in by_episode[ep][["span_start", "span_end", "advantage"]].to_numpy():
+        turns = by_episode.get(ep, advantages.iloc[:0])  # no turns taken: no advantage rows
+        for s, e, a in turns[["span_start", "span_end", "advantage"]].to_numpy():
             adv[int(s) : int(e)] = a
         out.append(adv.tolist())
     return out
@@ -51,7 +53,8 @@ def score(model, items: list[dict], pad_id: int, micro: int) -> list[torch.Tenso
     for lo in range(0, len(items), micro):
         ids, attn, _, _ = tensors(items[lo : lo + micro], pad_id)
         logp, _ = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)  # [B, T-1]
-        out += [logp[i] for i in range(len(logp))]
+        lengths = [len(it["ids"]) - 1 for it in items[lo : lo + micro]]
+        out += [logp[i, :n] for i, n in enumerate(lengths)]  # unpadded: [T_i - 1] each
     return out
 
 
@@ -73,20 +76,19 @@ def train_round(model, items: list[dict], cfg, optimizer, pad_id: int, ref_model
         for lo in range(0, len(order), cfg.micro_batch):
             idx = order[lo : lo + cfg.micro_batch]
             ids, attn, mask, adv = tensors([items[i] for i in idx], pad_id)  # [B, T-1] (ids [B, T])
-            width = mask.shape[1]
-            old_logp = torch.stack([old[i][:width] for i in idx])  # [B, T-1]
+            old_logp = pad_sequence([old[i] for i in idx], batch_first=True)  # [B, T-1]
             logp, entropy = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
             loss, s = ppo_clip_loss(
                 logp, old_logp, adv, mask, cfg.clip_low, cfg.clip_high, n_tokens
             )
             if ref is not None and cfg.kl_coef > 0:
-                ref_logp = torch.stack([ref[i][:width] for i in idx])  # [B, T-1]
+                ref_logp = pad_sequence([ref[i] for i in idx], batch_first=True)  # [B, T-1]
                 kl = kl_k3(logp, ref_logp, mask, n_tokens)  # []
                 loss = loss + cfg.kl_coef * kl
                 stats["kl_ref"] += float(kl)
             loss.backward()
             share = float(mask.sum()) / n_tokens
-            stats["loss"] += float(loss)
+            stats["loss"] += loss.item()
             stats["clip_frac"] += s["clip_frac"] * share
             stats["approx_kl"] += s["approx_kl"] * share
             stats["entropy"] += float((entropy.detach() * mask).sum()) / n_tokens

@@ -1,0 +1,120 @@
+"""Benchmark: the default pipeline (`make run`'s job) with 3 seeds, each in its own copy of the
+project, run through `python -m flows.run` (dvc repro). Writes bench/results/quickstart.json:
+wall_s_median (pipeline after install), heldout_gain_pts_median (final minus warm start),
+per-stage wall times, and per-seed figures. Targets: wall <= 600 s, gain >= +20 points.
+
+    .venv/bin/python bench/quickstart.py [--seeds 0 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDED = [
+    "envs.seed",
+    "policy.seed",
+    "warmstart.seed",
+    "schedule.seed",
+    "rollout.seed",
+    "train.seed",
+]
+
+
+def project_copy(dest: Path, seed: int) -> Path:
+    """A fresh project folder (its own git + DVC) with every seed set to `seed`."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in ("src", "tasks", "flows"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", dest)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for dotted in SEEDED:
+        section, key = dotted.split(".")
+        params[section][key] = seed
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    bin_dir = Path(sys.executable).parent
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run([str(bin_dir / "dvc"), "init", "-q"], cwd=dest, check=True)
+    return dest
+
+
+def run_seed(seed: int, work: Path) -> dict:
+    dest = project_copy(work / f"seed_{seed}", seed)
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("MLFLOW_RUN_ID", None)
+    t0 = time.perf_counter()
+    log = (work / f"seed_{seed}.log").open("w")
+    code = subprocess.call(
+        [sys.executable, "-m", "flows.run"], cwd=dest, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    wall = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit(f"seed {seed} failed (exit {code}); see {work / f'seed_{seed}.log'}")
+    metrics = {p.stem: json.loads(p.read_text()) for p in (dest / "data/metrics").glob("*.json")}
+    stages: dict[str, float] = {}
+    for name, m in metrics.items():
+        stages[name.split("@")[0]] = stages.get(name.split("@")[0], 0.0) + m["wall_s"]
+    ev = metrics["evaluate"]
+    return {
+        "seed": seed,
+        "wall_s": wall,
+        "stage_wall_s": stages,
+        "warmstart_success": ev["warmstart_success"],
+        "final_success": ev["final_success"],
+        "heldout_gain_pts": ev["gain_pts"],
+        "heldout_tasks": ev["tasks"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--work", type=Path, default=ROOT / ".rollwise" / "bench")
+    args = parser.parse_args()
+    runs = []
+    for seed in args.seeds:
+        runs.append(run_seed(seed, args.work))
+        print(json.dumps(runs[-1]), flush=True)
+    stage_names = runs[0]["stage_wall_s"].keys()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    result = {
+        "command": "make bench  # .venv/bin/python bench/quickstart.py --seeds "
+        + " ".join(map(str, args.seeds)),
+        "git_commit": commit,
+        "seeds": args.seeds,
+        "wall_s_median": statistics.median(r["wall_s"] for r in runs),
+        "heldout_gain_pts_median": statistics.median(r["heldout_gain_pts"] for r in runs),
+        "warmstart_success_median": statistics.median(r["warmstart_success"] for r in runs),
+        "final_success_median": statistics.median(r["final_success"] for r in runs),
+        "stage_wall_s_median": {
+            s: statistics.median(r["stage_wall_s"][s] for r in runs) for s in stage_names
+        },
+        "targets": {"wall_s_median": "<= 600", "heldout_gain_pts_median": ">= 20"},
+        "runs": runs,
+    }
+    out = ROOT / "bench" / "results" / "quickstart.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""params.yaml validation: every error names its key path, before any work is done."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollwise.config import (
+    Params,
+    ParamsError,
+    apply_overrides,
+    load_params,
+    read_raw,
+    rounds_dict,
+    validate,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(ParamsError) as info:
+        validate(raw)
+    return str(info.value)
+
+
+def test_unknown_key_names_its_path():
+    msg = error_of({"train": {"lrr": 0.1}})
+    assert "train.lrr" in msg and msg.startswith("params.yaml: ")
+
+
+def test_unknown_section_names_it():
+    assert "trian" in error_of({"trian": {"lr": 0.1}})
+
+
+def test_wrong_type_names_its_path():
+    msg = error_of({"train": {"lr": "fast"}})
+    assert "train.lr" in msg and "number" in msg
+
+
+def test_out_of_range_names_its_path():
+    assert "rollout.samples_per_task" in error_of({"rollout": {"samples_per_task": 0}})
+    assert "envs.heldout_task_frac" in error_of({"envs": {"heldout_task_frac": 1.5}})
+    assert "schedule.method" in error_of({"schedule": {"method": "psychic"}})
+
+
+def test_every_error_is_reported():
+    msg = error_of({"train": {"lr": -1, "epochs": 0}})
+    assert "train.lr" in msg and "train.epochs" in msg
+
+
+@pytest.mark.parametrize(
+    "rounds",
+    [{"01": "00", "03": "02"}, {"01": "01"}, {"1": "0"}, {"02": "01"}, {"01": "00", "02": "00"}],
+)
+def test_bad_rounds_mapping(rounds):
+    msg = error_of({"rounds": rounds})
+    assert msg.startswith("params.yaml: rounds:") and "rounds must be" in msg
+
+
+def test_good_rounds_mapping():
+    assert validate({"rounds": rounds_dict(3)}).n_rounds == 3
+    assert rounds_dict(2) == {"01": "00", "02": "01"}
+
+
+def test_repo_params_validate():
+    params = load_params(REPO / "params.yaml")
+    assert isinstance(params, Params)
+    assert params.n_rounds == len(yaml.safe_load((REPO / "params.yaml").read_text())["rounds"])
+    micro = load_params(REPO / "tests" / "e2e" / "micro_params.yaml")
+    assert micro.n_rounds == 2
+
+
+def test_dvc_yaml_params_exist():
+    """Every params key a dvc.yaml stage lists is a real key path of Params."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        for key in body.get("params", []):
+            model, parts = Params, key.split(".")
+            for i, part in enumerate(parts):
+                assert part in model.model_fields, f"{name}: {key}"
+                if i < len(parts) - 1:
+                    model = model.model_fields[part].annotation
+
+
+def test_read_raw_errors(tmp_path: Path):
+    with pytest.raises(ParamsError, match="file not found"):
+        read_raw(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ParamsError, match="mapping"):
+        read_raw(tmp_path / "list.yaml")
+    (tmp_path / "bad.yaml").write_text("train: {lr: [\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        read_raw(tmp_path / "bad.yaml")
+
+
+# ------------------------------------------------------------------------------ overrides
+
+
+@pytest.fixture
+def raw() -> dict:
+    return read_raw(REPO / "params.yaml")
+
+
+def test_override_sets_a_dotted_key(raw):
+    out = apply_overrides(raw, {"train.lr": 0.5, "schedule.tasks_per_round": 4})
+    assert out["train"]["lr"] == 0.5 and out["schedule"]["tasks_per_round"] == 4
+    assert raw["train"]["lr"] != 0.5  # the input is not mutated
+    params = validate(out)
+    assert params.train.lr == 0.5 and params.train.epochs == raw["train"]["epochs"]
+
+
+def test_override_of_a_missing_section_value(tmp_path: Path):
+    assert apply_overrides({}, {"train.lr": 0.5})["train"] == {"lr": 0.5}
+
+
+@pytest.mark.parametrize("key", ["train.lrr", "trian.lr", "nosuch"])
+def test_unknown_override_names_it(raw, key: str):
+    with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
+        apply_overrides(raw, {key: 1})
+
+
+def test_bad_override_value_names_its_path(raw):
+    with pytest.raises(ParamsError, match=r"train\.lr"):
+        apply_overrides(raw, {"train.lr": -1.0})
+
+
+def test_rounds_override_expands(raw, tmp_path: Path):
+    out = apply_overrides(raw, {"rounds": 3})
+    assert out["rounds"] == {"01": "00", "02": "01", "03": "02"}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert load_params(path, {"rounds": 3}).n_rounds == 3
+
+
+# ------------------------------------------------------------------------------ stage CLIs
+
+
+def stage(module: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_stage_rejects_bad_params_by_key_path(tmp_path: Path):
+    raw = read_raw(REPO / "tests" / "e2e" / "micro_params.yaml")
+    raw["envs"]["n_envz"] = 3
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    done = stage("tasks.generate", tmp_path)
+    assert done.returncode != 0
+    assert "envs.n_envz" in done.stderr
+    assert not (tmp_path / "data").exists()  # failed before any work
+
+
+def test_stage_names_the_missing_upstream(tmp_path: Path):
+    (tmp_path / "params.yaml").write_text(
+        (REPO / "tests" / "e2e" / "micro_params.yaml").read_text()
+    )
+    done = stage("tasks.warmstart", tmp_path)
+    assert done.returncode != 0
+    assert "data/envs" in done.stderr and "`generate`" in done.stderr
+    assert not (tmp_path / "models").exists()
