@@ -34,7 +34,7 @@ $(STATE)/tmp:
 	mkdir -p $@
 
 run: $(STAMP) | $(STATE)/tmp
-	$(QUIET) TMPDIR=$(STATE)/tmp $(PY) -m flows.run
+	$(QUIET) TMPDIR=$(STATE)/tmp ROLLWISE_TORCH_THREADS=2 $(PY) -m flows.run
 
 # TMPDIR stays the system's here: tests build DVC/git repos in tmp dirs, which must not sit
 # inside this repo. conftest.py points the state folders at a temp dir of its own.
@@ -47,7 +47,7 @@ ui: $(STAMP) | $(STATE)/tmp
 	scripts/ui.sh
 
 bench: $(STAMP) | $(STATE)/tmp
-	$(QUIET) TMPDIR=$(STATE)/tmp $(PY) bench/quickstart.py
+	$(QUIET) TMPDIR=$(STATE)/tmp ROLLWISE_TORCH_THREADS=2 $(PY) bench/quickstart.py
 
 # Scratch only: keeps the venv, the DVC cache, data/, models/ and the MLflow history.
 clean:

@@ -32,10 +32,14 @@ def metrics_path(root: Path, stage: str) -> Path:
     return root / "data" / "metrics" / f"{stage}.json"
 
 
+class MissingUpstream(FileNotFoundError):
+    """An input another stage should have written is not there."""
+
+
 def require(path: Path, stage: str) -> Path:
     """A missing upstream artifact names the file and the stage that makes it."""
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing; it is written by the `{stage}` stage")
+        raise MissingUpstream(f"{path} is missing; it is written by the `{stage}` stage")
     return path
 
 
@@ -90,7 +94,10 @@ def stage_main(stage: str, run, with_round: bool = False) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("ROLLWISE_TORCH_THREADS", "1"))
     name = f"{stage}@{args.round}" if with_round else stage
     t0 = time.perf_counter()
-    metrics = run(params, args.root, args.round) if with_round else run(params, args.root)
+    try:
+        metrics = run(params, args.root, args.round) if with_round else run(params, args.root)
+    except MissingUpstream as e:
+        sys.exit(f"error: {e}")
     metrics["wall_s"] = time.perf_counter() - t0
     finish_stage(args.root, params, name, metrics, int(args.round) if with_round else None)
     log(name, f"done in {metrics['wall_s']:.1f}s")
