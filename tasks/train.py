@@ -36,7 +36,10 @@ def run(params: Params, root: Path, r: str) -> dict:
     for group in optimizer.param_groups:  # the params' lr wins over the saved one
         group["lr"] = params.train.lr
     ref = load_policy(model_dir(root, "00"))[0] if params.train.kl_coef > 0 else None
-    metrics = train_round(model, items, params.train, optimizer, tokenizer.pad_token_id, ref)
+    metrics = train_round(
+        model, items, params.train, optimizer, tokenizer.pad_token_id, ref,
+        temperature=params.rollout.temperature,
+    )  # fmt: skip
     with atomic_dir(model_dir(root, r)) as out:
         save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
         save_state(out, optimizer, step + params.train.epochs)

@@ -124,7 +124,10 @@ def synthetic_items(lengths: list[int], vocab: int = 900) -> list[dict]:
         ids = torch.randint(5, vocab, (n,), generator=g).tolist()
         mask = [0] * 4 + [1] * (n - 4)
         sign = 1.0 if k % 2 == 0 else -1.0
-        items.append({"ids": ids, "mask": mask, "adv": [0.0] * 4 + [sign] * (n - 4)})
+        old = [0.0] + [-2.0] * (n - 1)  # the rollout's log-probs (PPO's old policy)
+        items.append(
+            {"ids": ids, "mask": mask, "adv": [0.0] * 4 + [sign] * (n - 4), "logprobs": old}
+        )
     return items
 
 
@@ -147,6 +150,7 @@ def test_train_round_updates_the_policy(model_and_pad):
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert stats["episodes"] == 4 and stats["tokens"] == 6 + 8 + 5 + 8
     assert stats["grad_norm"] > 0 and stats["entropy"] > 0
+    assert stats["optimizer_steps"] == 2 * 4  # epochs x minibatches
     assert not model.training  # left in eval mode
 
 
@@ -166,7 +170,7 @@ def test_micro_batching_does_not_change_the_first_step(model_and_pad):
     ends = []
     for micro in (4, 1):
         model = build_model(tok, TINY)
-        run_round(model, tok.pad_token_id, items, micro_batch=micro, epochs=1)
+        run_round(model, tok.pad_token_id, items, micro_batch=micro, epochs=1, minibatches=1)
         ends.append(snapshot(model))
     for k in ends[0]:
         torch.testing.assert_close(ends[0][k], ends[1][k], atol=1e-5, rtol=1e-4)
@@ -189,6 +193,7 @@ EPISODES = pd.DataFrame(
             [0, 0, 1, 1, 1, 0, 1, 1],
             [0, 0, 1, 1, 1, 1],
         ],
+        "logprobs": [[-0.5] * 10, [-0.5] * 8, [-0.5] * 6],
     }
 )
 ADVANTAGES = pd.DataFrame(
@@ -222,7 +227,14 @@ def test_training_batch_skips_episodes_without_turns():
     episodes = pd.concat(
         [
             EPISODES,
-            pd.DataFrame({"episode_id": ["d"], "token_ids": [[1, 2, 3]], "loss_mask": [[0, 0, 0]]}),
+            pd.DataFrame(
+                {
+                    "episode_id": ["d"],
+                    "token_ids": [[1, 2, 3]],
+                    "loss_mask": [[0, 0, 0]],
+                    "logprobs": [[0.0] * 3],
+                }
+            ),
         ],
         ignore_index=True,
     )

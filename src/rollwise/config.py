@@ -80,6 +80,7 @@ class CreditConfig(Section):
 class TrainConfig(Section):
     lr: float = Field(1e-4, gt=0)
     epochs: int = Field(2, ge=1)
+    minibatches: int = Field(4, ge=1)  # optimizer steps per epoch
     micro_batch: int = Field(64, ge=1)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0)

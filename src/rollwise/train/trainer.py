@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from rollwise.train.loss import kl_k3, ppo_clip_loss, token_logprobs
 from rollwise.train.sft import pad_batch
@@ -30,76 +29,85 @@ def token_advantages(episodes: pd.DataFrame, advantages: pd.DataFrame) -> list[l
 
 
 def training_batch(episodes: pd.DataFrame, advantages: pd.DataFrame) -> list[dict]:
-    """Episodes whose advantages are not all zero; each with ids, policy mask, advantages."""
+    """Episodes whose advantages are not all zero: ids, policy mask, advantages, and the
+    rollout's log-probs (PPO's old policy: the engine samples from the checkpoint we train)."""
     items = []
     for row, adv in zip(episodes.itertuples(), token_advantages(episodes, advantages), strict=True):
         if any(a != 0.0 for a in adv):
-            items.append({"ids": list(row.token_ids), "mask": list(row.loss_mask), "adv": adv})
+            items.append(
+                {"ids": list(row.token_ids), "mask": list(row.loss_mask), "adv": adv,
+                 "logprobs": list(row.logprobs)}
+            )  # fmt: skip
     return items
 
 
 def tensors(items: list[dict], pad_id: int):
+    """Right-padded [B, T] ids and attention; [B, T-1] mask, advantages and old log-probs, all
+    aligned with the next-token targets ids[:, 1:]."""
     ids, attn, mask = pad_batch([(it["ids"], it["mask"]) for it in items], pad_id)  # [B, T] each
     adv = torch.zeros_like(mask)  # [B, T]
+    old = torch.zeros_like(mask)  # [B, T]
     for i, it in enumerate(items):
         adv[i, : len(it["adv"])] = torch.tensor(it["adv"])
-    return ids, attn, mask[:, 1:], adv[:, 1:]  # targets are next tokens: [B, T-1]
+        old[i, : len(it["logprobs"])] = torch.tensor(it["logprobs"])
+    return ids, attn, mask[:, 1:], adv[:, 1:], old[:, 1:]
 
 
-@torch.no_grad()
-def score(model, items: list[dict], pad_id: int, micro: int) -> list[torch.Tensor]:
-    """Log-probs of each item's tokens under `model`, before any update (PPO's old policy)."""
-    out = []
-    for lo in range(0, len(items), micro):
-        ids, attn, _, _ = tensors(items[lo : lo + micro], pad_id)
-        logp, _ = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)  # [B, T-1]
-        lengths = [len(it["ids"]) - 1 for it in items[lo : lo + micro]]
-        out += [logp[i, :n] for i, n in enumerate(lengths)]  # unpadded: [T_i - 1] each
-    return out
-
-
-def train_round(model, items: list[dict], cfg, optimizer, pad_id: int, ref_model=None) -> dict:
-    """cfg.epochs passes; each pass is one optimizer step over all items (micro-batched)."""
+def train_round(
+    model, items: list[dict], cfg, optimizer, pad_id: int, ref_model=None, temperature: float = 1.0
+) -> dict:
+    """cfg.epochs passes over the items, each split into cfg.minibatches optimizer steps.
+    Log-probs use the rollout's sampling temperature, so the rollout's log-probs are PPO's old
+    policy exactly (as verl does)."""
     if not items:
         return {"skipped": 1.0, "episodes": 0.0}
-    old = score(model, items, pad_id, cfg.micro_batch)
-    ref = score(ref_model, items, pad_id, cfg.micro_batch) if ref_model is not None else None
-    n_tokens = float(sum(sum(it["mask"]) for it in items))
     rng = random.Random(cfg.seed)
     model.train()
     history = []
     for _ in range(cfg.epochs):
         order = list(range(len(items)))
         rng.shuffle(order)
-        optimizer.zero_grad()
-        stats = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_ref": 0.0}
-        for lo in range(0, len(order), cfg.micro_batch):
-            idx = order[lo : lo + cfg.micro_batch]
-            ids, attn, mask, adv = tensors([items[i] for i in idx], pad_id)  # [B, T-1] (ids [B, T])
-            old_logp = pad_sequence([old[i] for i in idx], batch_first=True)  # [B, T-1]
-            logp, entropy = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
-            loss, s = ppo_clip_loss(
-                logp, old_logp, adv, mask, cfg.clip_low, cfg.clip_high, n_tokens
+        size = -(-len(order) // cfg.minibatches)
+        for lo in range(0, len(order), size):
+            chunk = [items[i] for i in order[lo : lo + size]]
+            history.append(
+                optimizer_step(model, chunk, cfg, optimizer, pad_id, ref_model, temperature)
             )
-            if ref is not None and cfg.kl_coef > 0:
-                ref_logp = pad_sequence([ref[i] for i in idx], batch_first=True)  # [B, T-1]
-                kl = kl_k3(logp, ref_logp, mask, n_tokens)  # []
-                loss = loss + cfg.kl_coef * kl
-                stats["kl_ref"] += float(kl)
-            loss.backward()
-            share = float(mask.sum()) / n_tokens
-            stats["loss"] += loss.item()
-            stats["clip_frac"] += s["clip_frac"] * share
-            stats["approx_kl"] += s["approx_kl"] * share
-            stats["entropy"] += float((entropy.detach() * mask).sum()) / n_tokens
-        stats["grad_norm"] = float(
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        )
-        optimizer.step()
-        history.append(stats)
     model.eval()
-    last = history[-1]
-    return {**last, "episodes": float(len(items)), "tokens": n_tokens}
+    stats = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    return {**stats, "optimizer_steps": float(len(history)), "episodes": float(len(items)),
+            "tokens": float(sum(sum(it["mask"]) for it in items))}  # fmt: skip
+
+
+def optimizer_step(
+    model, chunk: list[dict], cfg, optimizer, pad_id: int, ref_model, temperature: float
+) -> dict:
+    """One PPO step over `chunk`, micro-batched; token-mean over the whole chunk."""
+    n_tokens = float(sum(sum(it["mask"]) for it in chunk))
+    stats = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_ref": 0.0}
+    optimizer.zero_grad()
+    for lo in range(0, len(chunk), cfg.micro_batch):
+        ids, attn, mask, adv, old_logp = tensors(chunk[lo : lo + cfg.micro_batch], pad_id)
+        logits = model(input_ids=ids, attention_mask=attn).logits / temperature  # [B, T, V]
+        logp, entropy = token_logprobs(logits, ids)  # [B, T-1] each
+        loss, s = ppo_clip_loss(logp, old_logp, adv, mask, cfg.clip_low, cfg.clip_high, n_tokens)
+        if ref_model is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref_logits = ref_model(input_ids=ids, attention_mask=attn).logits  # [B, T, V]
+            ref_logp, _ = token_logprobs(ref_logits / temperature, ids)  # [B, T-1]
+            kl = kl_k3(logp, ref_logp, mask, n_tokens)  # []
+            loss = loss + cfg.kl_coef * kl
+            stats["kl_ref"] += kl.item()
+        loss.backward()
+        share = float(mask.sum()) / n_tokens
+        stats["loss"] += loss.item()
+        stats["clip_frac"] += s["clip_frac"] * share
+        stats["approx_kl"] += s["approx_kl"] * share
+        stats["entropy"] += float((entropy.detach() * mask).sum()) / n_tokens
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    stats["grad_norm"] = float(grad_norm)
+    optimizer.step()
+    return stats
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:
