@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from flows.summary import NEXT_STEPS, summary_table
@@ -24,13 +25,15 @@ def main(root: Path = Path(".")) -> int:
     run_id = track.open_run(root, params.model_dump(), run_name="dvc-repro")
     env = {**os.environ, "MLFLOW_RUN_ID": run_id}
     dvc = str(Path(sys.executable).parent / "dvc")
+    t0 = time.perf_counter()
     code = subprocess.call([dvc, "repro"], cwd=root, env=env)
+    wall_s = time.perf_counter() - t0
     if code != 0:
         track.finish_run(run_id, "FAILED", root=root)
         print(f"dvc repro failed (exit {code}); finished stages are kept, rerun to resume")
         return code
-    table = summary_table(root, params)
-    print(table)
+    print(summary_table(root, params, wall_s))
+    track.log_metrics(run_id, {"pipeline/wall_s": wall_s}, root=root)
     track.finish_run(run_id, root=root)
     print(NEXT_STEPS)
     return 0

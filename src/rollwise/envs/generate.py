@@ -236,9 +236,11 @@ def make_task(kind: str, d: Domain, con: sqlite3.Connection, rng: random.Random)
             str(amount),
         ),
         "cancel": (
-            f"Cancel the {item} {d.record} of {name}.",
+            # The answer is the record's id, not a fixed word: a constant answer would be free
+            # reward (RL learnt to say "done" without cancelling anything).
+            f"Cancel the {item} {d.record} of {name} and reply with its id.",
             [find, listing, ToolCall(f"cancel_{d.record}", {f"{d.record}_id": rid})],
-            "done",
+            str(rid),
         ),
     }
     prompt, oracle, answer = table[kind]

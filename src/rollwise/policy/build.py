@@ -17,6 +17,9 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers import utils as hf_utils
+
+hf_utils.logging.disable_progress_bar()  # stage logs stay readable: no per-load progress bars
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
 TAG_TOKENS = [

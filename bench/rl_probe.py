@@ -1,0 +1,127 @@
+"""RL probe: one process, no orchestration: build the suite, SFT the warm start once (cached),
+then run `rounds` RL rounds with the library's own scheduler, engine, GRPO and PPO trainer,
+evaluating held-out success every `--eval-every` rounds. For tuning the RL loop quickly; the
+pipeline (`make run`) is the reference.
+
+    .venv/bin/python bench/rl_probe.py train.lr=0.0001 rollout.temperature=0.7 rounds=8 \
+        [--reward rubric|success] [--negative-scale 1.0] [--out bench/results/rl_probe.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.envs.generate import generate_suite  # noqa: E402
+from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.full import evaluate_policy, summarize  # noqa: E402
+from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
+from rollwise.policy.hf import HFBackend  # noqa: E402
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.schedule import SCHEDULERS  # noqa: E402
+from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
+from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
+from tasks.warmstart import suite_tokenizer  # noqa: E402
+
+
+def warm_start(p, cache: Path):
+    suite_dir = cache / f"suite_{p.envs.seed}_{p.envs.n_envs}_{p.envs.tasks_per_env}"
+    if not suite_dir.exists():
+        generate_suite(p.envs, suite_dir)
+    suite = load_suite(suite_dir)
+    w = p.warmstart
+    ck = cache / f"sft_{suite_dir.name}_{w.steps}_{w.lr}_{w.seed}_{p.policy.layers}"
+    if ck.exists():
+        return suite, *load_policy(ck)
+    tok = suite_tokenizer(suite)
+    model = build_model(tok, p.policy)
+    demos = [oracle_sequence(t, suite.envs[t.env_id], tok) for t in suite.split("train")]
+    sft(model, demos, w, tok.pad_token_id)
+    save_policy(model, tok, ck)
+    return suite, model, tok
+
+
+def heldout(model, tok, suite, p) -> dict:
+    tasks = suite.split("heldout")[: p.evaluate.max_tasks]
+    limits = Limits(max_context=p.policy.max_context, greedy=True)
+    return summarize(evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits))
+
+
+def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
+    cfg = p.rollout
+    plan = SCHEDULERS[p.schedule.method](
+        suite.catalog, None, p.schedule.tasks_per_round, cfg.samples_per_task, r
+    )
+    specs = [
+        EpisodeSpec(f"r{r}/{tid}/s{k}", suite.tasks[tid],
+                    clone_env(suite.envs[suite.tasks[tid].env_id]), group=tid, sample=k, seed=k)
+        for tid in plan["task_id"] for k in range(cfg.samples_per_task)
+    ]  # fmt: skip
+    limits = Limits(max_context=p.policy.max_context, temperature=cfg.temperature, seed=r)
+    t0 = time.perf_counter()
+    episodes, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
+    episodes = pd.DataFrame(episodes)
+    t1 = time.perf_counter()
+    scored = episodes.assign(reward=episodes["success"].astype(float))
+    scored = scored if args.reward == "success" else episodes
+    adv = ESTIMATORS[p.credit.method](scored, pd.DataFrame(steps), p.credit)
+    negative = adv["advantage"] < 0
+    adv.loc[negative, "advantage"] *= args.negative_scale
+    items = training_batch(episodes, adv)
+    stats = train_round(model, items, p.train, opt, tok.pad_token_id,
+                        temperature=cfg.temperature)  # fmt: skip
+    zero_var = (episodes.groupby("group")["reward"].std(ddof=0) < 1e-9).mean()
+    return {"round": r, "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1,
+            "sample_success": float(episodes["success"].mean()),
+            "reward": float(episodes["reward"].mean()), "zero_variance_groups": float(zero_var),
+            **{k: stats.get(k, 0.0) for k in ("approx_kl", "clip_frac", "entropy")}}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
+    parser.add_argument("--reward", choices=["rubric", "success"], default="rubric")
+    parser.add_argument("--negative-scale", type=float, default=1.0)
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
+    args.cache.mkdir(parents=True, exist_ok=True)
+    suite, model, tok = warm_start(p, args.cache)
+    curve = [{"round": 0, **heldout(model, tok, suite, p)}]
+    print(json.dumps({"round": 0, "heldout_success": curve[0]["success"]}), flush=True)
+    opt, rounds = make_optimizer(model, p.train), []
+    for r in range(1, p.n_rounds + 1):
+        rounds.append(rl_round(r, model, tok, suite, p, opt, args))
+        print(json.dumps(rounds[-1]), flush=True)
+        if r % args.eval_every == 0 or r == p.n_rounds:
+            curve.append({"round": r, **heldout(model, tok, suite, p)})
+            print(json.dumps({"round": r, "heldout_success": curve[-1]["success"]}), flush=True)
+    if args.out:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()  # fmt: skip
+        args.out.write_text(json.dumps({
+            "command": "python bench/rl_probe.py " + " ".join(sys.argv[1:]), "git_commit": commit,
+            "heldout_gain_pts": 100 * (curve[-1]["success"] - curve[0]["success"]),
+            "heldout_curve": curve, "rounds": rounds,
+        }, indent=1) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
