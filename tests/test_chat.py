@@ -209,7 +209,7 @@ def test_engine_episode_masks_with_tiny_model(suite_tok):
         env = suite.envs[task.env_id]
         observed += check_episode_masks(ep, tok, prompt_ids(tok, env.reset(task, 0), env.tools()))
     assert observed > 0, "no episode produced an observation: the test checked nothing"
-    assert {ep["termination"] for ep in episodes} <= {"max_turns", "answer", "max_tokens"}
+    assert {ep["termination"] for ep in episodes} >= {"max_turns", "answer"}
 
 
 class OracleBackend:
