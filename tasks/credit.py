@@ -28,22 +28,19 @@ def run(params: Params, root: Path, r: str) -> dict:
     advantages = ESTIMATORS[params.credit.method](episodes, steps, params.credit)
     with atomic_dir(round_dir(root, "advantages", r)) as out:
         advantages.to_parquet(out / "advantages.parquet")
-    nonzero = (
-        float(
-            (
-                advantages.groupby("episode_id")["advantage"].apply(lambda a: a.abs().max()) > 0
-            ).mean()
-        )
-        if len(advantages)
-        else 0.0
-    )
     log(f"credit@{r}", f"{params.credit.method}: {len(advantages)} turn advantages")
+    return credit_metrics(advantages)
+
+
+def credit_metrics(advantages: pd.DataFrame) -> dict:
+    if advantages.empty:
+        return {"turns": 0, "episodes_with_signal": 0.0, "advantage_abs_mean": 0.0}
+    magnitude = advantages["advantage"].abs()
+    per_episode = magnitude.groupby(advantages["episode_id"]).max()
     return {
         "turns": len(advantages),
-        "episodes_with_signal": nonzero,
-        "advantage_abs_mean": float(advantages["advantage"].abs().mean())
-        if len(advantages)
-        else 0.0,
+        "episodes_with_signal": float((per_episode > 0).mean()),
+        "advantage_abs_mean": float(magnitude.mean()),
     }
 
 
