@@ -21,6 +21,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from flows.summary import read_metrics, stage_walls  # noqa: E402
+
 SEEDED = [
     "envs.seed",
     "policy.seed",
@@ -67,10 +71,8 @@ def run_seed(seed: int, work: Path) -> dict:
     wall = time.perf_counter() - t0
     if code != 0:
         raise SystemExit(f"seed {seed} failed (exit {code}); see {work / f'seed_{seed}.log'}")
-    metrics = {p.stem: json.loads(p.read_text()) for p in (dest / "data/metrics").glob("*.json")}
-    stages: dict[str, float] = {}
-    for name, m in metrics.items():
-        stages[name.split("@")[0]] = stages.get(name.split("@")[0], 0.0) + m["wall_s"]
+    metrics = read_metrics(dest)
+    stages = stage_walls(metrics)
     ev = metrics["evaluate"]
     return {
         "seed": seed,

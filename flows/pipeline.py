@@ -26,7 +26,6 @@ import os
 import re
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from flows.summary import summary_table
 from rollwise import track
 from rollwise.config import Params, apply_overrides, read_raw, validate
 from tasks import credit, curate, evaluate, generate, rollout, train, warmstart
-from tasks.common import finish_stage
+from tasks.common import timed_stage
 
 ROOT = Path(__file__).resolve().parents[1]  # the project: params.yaml, mlflow.db, .rollwise/
 RUNS_DIR = Path(".rollwise") / "runs"
@@ -100,10 +99,7 @@ def stage_task(name: str, run: Callable[..., dict], per_round: bool = False):
 
     def stage(params: Params, root: Path, r: str | None = None) -> dict:
         label = f"{name}@{r}" if per_round else name
-        t0 = time.perf_counter()
-        metrics = run(params, root, r) if per_round else run(params, root)
-        metrics["wall_s"] = time.perf_counter() - t0
-        finish_stage(root, params, label, metrics, int(r) if per_round else None)
+        metrics = timed_stage(name, run, params, root, r if per_round else None)
         get_run_logger().info("%s metrics: %s", label, json.dumps(metrics, default=float))
         return metrics
 

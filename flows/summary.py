@@ -13,6 +13,15 @@ def read_metrics(root: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
+def stage_walls(metrics: dict[str, dict]) -> dict[str, float]:
+    """Wall seconds per stage, rounds summed (`rollout@01` + `rollout@02` -> `rollout`)."""
+    walls: dict[str, float] = {}
+    for name, m in metrics.items():
+        stage = name.split("@")[0]
+        walls[stage] = walls.get(stage, 0.0) + m.get("wall_s", 0.0)
+    return walls
+
+
 def summary_table(root: Path, params: Params, wall_s: float | None = None) -> str:
     m = read_metrics(root)
     ev = m.get("evaluate")
@@ -40,9 +49,7 @@ def summary_table(root: Path, params: Params, wall_s: float | None = None) -> st
         "",
         "wall time per stage (s)",
     ]
-    by_stage: dict[str, float] = {}
-    for name, v in m.items():
-        by_stage[name.split("@")[0]] = by_stage.get(name.split("@")[0], 0.0) + v.get("wall_s", 0.0)
+    by_stage = stage_walls(m)
     for stage in ("generate", "warmstart", "rollout", "curate", "credit", "train", "evaluate"):
         if stage in by_stage:
             lines.append(f"  {stage:<12} {by_stage[stage]:8.1f}")

@@ -92,12 +92,20 @@ def stage_main(stage: str, run, with_round: bool = False) -> None:
     # torch reads this when first imported; one thread unless told otherwise (stack-notes.md:
     # 2-thread torch collapses when servers share the two cores).
     os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("ROLLWISE_TORCH_THREADS", "1"))
-    name = f"{stage}@{args.round}" if with_round else stage
-    t0 = time.perf_counter()
     try:
-        metrics = run(params, args.root, args.round) if with_round else run(params, args.root)
+        metrics = timed_stage(stage, run, params, args.root, args.round if with_round else None)
     except MissingUpstream as e:
         sys.exit(f"error: {e}")
-    metrics["wall_s"] = time.perf_counter() - t0
-    finish_stage(args.root, params, name, metrics, int(args.round) if with_round else None)
+    name = f"{stage}@{args.round}" if with_round else stage
     log(name, f"done in {metrics['wall_s']:.1f}s")
+
+
+def timed_stage(stage: str, run, params: Params, root: Path, r: str | None = None) -> dict:
+    """Run one stage (per-round when `r` is given), add its wall time, record its metrics.
+    The one path for both `dvc repro` (stage_main) and the Prefect flow."""
+    t0 = time.perf_counter()
+    metrics = run(params, root) if r is None else run(params, root, r)
+    metrics["wall_s"] = time.perf_counter() - t0
+    finish_stage(root, params, stage if r is None else f"{stage}@{r}", metrics,
+                 None if r is None else int(r))  # fmt: skip
+    return metrics

@@ -112,7 +112,7 @@ class Params(Section):
     @field_validator("rounds")
     @classmethod
     def consecutive(cls, v: dict[str, str]) -> dict[str, str]:
-        want = {f"{r:02d}": f"{r - 1:02d}" for r in range(1, len(v) + 1)}
+        want = rounds_dict(len(v))
         if v != want:
             raise ValueError(f"rounds must be {want} for {len(v)} rounds (got {v})")
         return v

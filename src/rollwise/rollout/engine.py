@@ -145,16 +145,17 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool, seed: i
 
 def execute(env, calls: list[ToolCall]) -> list[tuple]:
     """Run one episode's calls in order (they may depend on each other's state)."""
-    out = []
+    out, before = [], safe_fingerprint(env)
     for call in calls:
-        before = safe_fingerprint(env)
         try:
             obs = env.step(call)
         except Exception as exc:  # the protocol says errors are observations; enforce it
             obs = Observation(
                 json.dumps({"error": f"environment: {type(exc).__name__}"}), "env_error"
             )
-        out.append((call, obs, before, safe_fingerprint(env)))
+        after = safe_fingerprint(env)  # also the next call's "before": hashed once
+        out.append((call, obs, before, after))
+        before = after
     return out
 
 
