@@ -38,8 +38,18 @@ os.environ.update(
         "AWS_DEFAULT_REGION": "us-east-1",
     }
 )
-# A shell that ran `make ui` may still point at live servers: tests choose their own.
-for _key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+# A shell that ran `make ui` (or points at real AWS) may still name live servers: tests choose
+# their own.
+for _key in (
+    "PREFECT_API_URL",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_RUN_ID",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+):
     os.environ.pop(_key, None)
 
 
@@ -59,6 +69,30 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow tracking server (sqlite store, local artifacts); yields its URI."""
     server = servers.start_mlflow(tmp_path_factory.mktemp("mlflow"))
     print(f"\nmlflow server healthy in {server.started_s:.1f} s at {server.url}")
+    try:
+        yield server.url
+    finally:
+        servers.stop(server)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A moto S3 server over HTTP; yields its endpoint URL (http://127.0.0.1:P).
+
+    Sets the dummy AWS_* credentials moto accepts (also set at import above, before boto3 or DVC
+    could read a real profile). The endpoint is not put in the environment: tests that want
+    boto3 to pick it up set AWS_ENDPOINT_URL_S3 themselves (monkeypatch), so other tests never
+    reach it by accident.
+    """
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
+    server = servers.start_moto(tmp_path_factory.mktemp("moto"))
+    print(f"\nmoto s3 server healthy in {server.started_s:.1f} s at {server.url}")
     try:
         yield server.url
     finally:

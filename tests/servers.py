@@ -1,4 +1,5 @@
-"""Real Prefect and MLflow servers on 127.0.0.1 for tests (and anything else that needs them).
+"""Real Prefect, MLflow and S3 (moto) servers on 127.0.0.1 for tests (and anything else that
+needs them).
 
 Each server is started from the venv that runs the tests, in its own process group, with its
 state and logs in a caller-given folder; `stop` kills the whole group (mlflow and prefect both
@@ -122,16 +123,42 @@ def start_prefect(home: Path, port: int | None = None) -> Server:
     return start("prefect", cmd, env, f"{base}/api/health", f"{base}/api", home / "server.log")
 
 
-def start_mlflow(root: Path, port: int | None = None) -> Server:
-    """`mlflow server` (2 processes) with a sqlite store and artifacts under `root`."""
+def start_mlflow(
+    root: Path,
+    port: int | None = None,
+    artifacts_destination: str | None = None,
+    s3_endpoint: str | None = None,
+) -> Server:
+    """`mlflow server` (2 processes) with a sqlite store under `root`.
+
+    Artifacts go under `root` too, unless `artifacts_destination` (e.g. s3://bucket/prefix) is
+    given: then the server proxies them there (clients need no S3 access), talking to the S3
+    at `s3_endpoint` (MLFLOW_S3_ENDPOINT_URL) with the AWS_* credentials of the environment.
+    """
     port = port or free_port()
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    if s3_endpoint:
+        env["MLFLOW_S3_ENDPOINT_URL"] = s3_endpoint
     root.mkdir(parents=True, exist_ok=True)
+    artifacts = (
+        ["--artifacts-destination", artifacts_destination]
+        if artifacts_destination
+        else ["--default-artifact-root", str(root / "artifacts")]
+    )
     cmd = [
         str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--default-artifact-root", str(root / "artifacts"),
+        *artifacts,
         "--workers", "1",
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     return start("mlflow", cmd, env, f"{base}/health", base, root / "server.log")
+
+
+def start_moto(root: Path, port: int | None = None) -> Server:
+    """`moto_server`: an in-memory S3 over real HTTP, so boto3, DVC (s3fs) and MLflow all talk
+    to it as they would to AWS (endpoint http://127.0.0.1:P, path-style, any credentials)."""
+    port = port or free_port()
+    cmd = [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    base = f"http://127.0.0.1:{port}"
+    return start("moto", cmd, {}, f"{base}/moto-api/", base, root / "server.log")
