@@ -240,3 +240,13 @@ def test_training_batch_skips_episodes_without_turns():
     )
     items = training_batch(episodes, ADVANTAGES)
     assert [it["ids"] for it in items] == [list(range(10)), list(range(6))]
+
+
+def test_sft_with_zero_steps_leaves_the_built_model(model_and_pad):
+    from rollwise.config import WarmstartConfig
+    from rollwise.train.sft import sft
+
+    model, pad = model_and_pad
+    before = snapshot(model)
+    assert sft(model, [([1, 2, 3], [0, 1, 1])], WarmstartConfig(steps=0), pad) == []
+    assert all(torch.equal(v, before[k]) for k, v in snapshot(model).items())

@@ -57,6 +57,9 @@ def sft(
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Masked next-token cross-entropy, AdamW with warmup and cosine decay; returns losses."""
+    if cfg.steps == 0:  # steps: 0 is "no warm start": the built model as it is
+        model.eval()
+        return []
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
