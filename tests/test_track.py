@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,18 @@ def server(mlflow_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _dead_uri() -> str:
     return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def _git_commit(repo: Path, message: str) -> str:
+    """An (empty) commit in `repo`, made a git work tree on first use; returns its hash."""
+    if not (repo / ".git").exists():
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    who = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+    subprocess.run(
+        ["git", "-C", str(repo), *who, "commit", "-q", "--allow-empty", "-m", message], check=True
+    )
+    out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True)
+    return out.stdout.decode().strip()
 
 
 def test_flatten_nests_to_dotted_keys():
@@ -146,3 +160,69 @@ def test_local_sqlite_store_without_server(tmp_path: Path, monkeypatch):
     client = MlflowClient(track.tracking_uri(tmp_path))
     assert client.get_run(run_id).data.metrics == {"loss": 1.5}
     assert track.open_run(tmp_path, {"test": "sqlite"}) == run_id
+
+
+def test_pipeline_params_are_logged_with_dotted_names(tmp_path: Path, monkeypatch):
+    """The real params.yaml, as a stage logs it: every leaf under its dotted path, no sections."""
+    from rollwise.config import load_params
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    run_id = track.open_run(tmp_path, params.model_dump())
+    logged = MlflowClient(track.tracking_uri(tmp_path)).get_run(run_id).data.params
+    assert logged == {k: str(v) for k, v in track.flatten(params.model_dump()).items()}
+    assert logged["train.lr"] == str(params.train.lr)
+    assert logged["credit.method"] == params.credit.method
+    assert logged["policy.model"] == "None"
+    assert logged["rounds.01"] == "00"
+    assert logged["envs.domains"] == str(params.envs.domains)
+    assert not {"train", "credit", "rounds", "envs"} & logged.keys()
+
+
+def test_tags_commit_flow_run_and_dvc_lock(server: str, tmp_path: Path, monkeypatch):
+    first = _git_commit(tmp_path, "one")
+    monkeypatch.setenv(track.FLOW_RUN_ENV, "0b7e-flow-run")
+    params = {"test": "tags"}
+    run_id = track.open_run(tmp_path, params)
+    tags = MlflowClient(server).get_run(run_id).data.tags
+    assert tags[track.GIT_COMMIT_TAG] == first and len(first) == 40
+    assert tags[track.FLOW_RUN_TAG] == "0b7e-flow-run"
+    assert track.DVC_LOCK_TAG not in tags  # set when the run ends
+
+    second = _git_commit(tmp_path, "two")  # a reused run records the code now writing to it
+    assert track.open_run(tmp_path, params) == run_id
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    track.finish_run(run_id, root=tmp_path)
+    tags = MlflowClient(server).get_run(run_id).data.tags
+    assert tags[track.GIT_COMMIT_TAG] == second
+    lock_hash = hashlib.sha256((tmp_path / "dvc.lock").read_bytes()).hexdigest()
+    assert tags[track.DVC_LOCK_TAG] == lock_hash
+
+
+def test_no_tags_outside_git_prefect_and_dvc(server: str, tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(track.FLOW_RUN_ENV, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repo above tmp
+    run_id = track.open_run(tmp_path, {"test": "no-tags"})
+    track.finish_run(run_id, root=tmp_path)
+    tags = MlflowClient(server).get_run(run_id).data.tags
+    assert not {track.GIT_COMMIT_TAG, track.FLOW_RUN_TAG, track.DVC_LOCK_TAG} & tags.keys()
+    assert track.git_commit(tmp_path / "missing") is None
+
+
+def test_tags_survive_the_buffer(server: str, tmp_path: Path, monkeypatch):
+    """Opened and finished while the server is down: the tags arrive with the replay."""
+    monkeypatch.setenv(track.FLOW_RUN_ENV, "flow-while-down")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _dead_uri())
+    params = {"test": "buffered-tags"}
+    pending = track.open_run(tmp_path, params)
+    (tmp_path / "dvc.lock").write_text("stages: {}\n")
+    track.finish_run(pending, root=tmp_path)
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    assert track.flush_buffer(tmp_path) is True
+    monkeypatch.delenv(track.FLOW_RUN_ENV)  # the lookup below must not re-tag the run itself
+    run = MlflowClient(server).get_run(track.open_run(tmp_path, params))
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[track.FLOW_RUN_TAG] == "flow-while-down"
+    assert run.data.tags[track.DVC_LOCK_TAG] == track.dvc_lock_hash(tmp_path)

@@ -7,6 +7,8 @@ Why it looks the way it does:
   active run.
 - Everything goes through `MlflowClient` with an explicit run id and batched `log_batch` calls:
   no hidden module state, safe across threads and processes.
+- Tags pin what produced a run: the git commit and the Prefect flow-run id (PREFECT__FLOW_RUN_ID,
+  which the flow sets) when the run is opened, the sha256 of dvc.lock when it is finished.
 - A tracking server that is down must not fail (or lose) a training run: records that cannot be
   sent are appended to `<root>/.rollwise/mlflow-buffer.jsonl` and replayed by `flush_buffer`,
   which every log call runs first.
@@ -20,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -29,12 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 EXPERIMENT = "rollwise"
 HASH_TAG = "rollwise.params_hash"
+GIT_COMMIT_TAG = "rollwise.git_commit"
+DVC_LOCK_TAG = "rollwise.dvc_lock_hash"
+FLOW_RUN_TAG = "rollwise.prefect_flow_run_id"
+FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect sets in a flow run's process; the flow too
 MAX_PARAM_CHARS = 6000  # MLflow rejects longer param values
 _PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
 _METRICS_PER_BATCH = 1000
@@ -80,6 +87,39 @@ def buffer_path(root: Path) -> Path:
     return Path(root).resolve() / ".rollwise" / "mlflow-buffer.jsonl"
 
 
+def git_commit(root: Path) -> str | None:
+    """HEAD of the git work tree holding `root` (None outside one): the code that ran."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--verify", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def dvc_lock_hash(root: Path) -> str | None:
+    """sha256 of `<root>/dvc.lock` (None if absent): pins every stage's inputs and outputs."""
+    path = Path(root) / "dvc.lock"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def start_tags(root: Path) -> dict[str, str]:
+    """Tags known when a run opens: the git commit and, inside a Prefect flow run, its id."""
+    tags = {}
+    if commit := git_commit(root):
+        tags[GIT_COMMIT_TAG] = commit
+    if flow_run_id := os.environ.get(FLOW_RUN_ENV):
+        tags[FLOW_RUN_TAG] = flow_run_id
+    return tags
+
+
 # ---------------------------------------------------------------------------- public API
 
 
@@ -90,16 +130,17 @@ def open_run(root: Path, params: dict, run_name: str | None = None, fresh: bool 
     with this params hash is reused, or a new one is created with the flattened params. If the
     server is unreachable a pending id is returned and the run is created on the next flush.
     `fresh` always creates a new run (a Prefect flow run is one pipeline run, even when its
-    params equal an earlier one's).
+    params equal an earlier one's). The run gets (or, reused, refreshes) the `start_tags`.
     """
     if os.environ.get("MLFLOW_RUN_ID"):
         return os.environ["MLFLOW_RUN_ID"]
     root = Path(root)
-    record = {"op": "open", "params": params, "run_name": run_name, "fresh": fresh}
+    tags = start_tags(root)
+    record = {"op": "open", "params": params, "run_name": run_name, "fresh": fresh, "tags": tags}
     if not flush_buffer(root):
         return _buffer_open(root, record)
     try:
-        return _find_or_create(_client(root), root, params, run_name, fresh)
+        return _find_or_create(_client(root), root, params, run_name, fresh, tags)
     except _Unreachable as exc:
         _warn(exc)
         return _buffer_open(root, record)
@@ -133,8 +174,12 @@ def log_artifacts(
 
 
 def finish_run(run_id: str, status: str = "FINISHED", root: Path | None = None) -> None:
-    """Mark the run terminated (FINISHED, FAILED or KILLED)."""
-    _send(_root(root), {"op": "finish", "run_id": run_id, "status": status})
+    """Mark the run terminated (FINISHED, FAILED or KILLED), tagged with the dvc.lock hash of
+    `root` as it stands now (the end of the pipeline run), when there is one."""
+    root = _root(root)
+    digest = dvc_lock_hash(root)
+    tags = {DVC_LOCK_TAG: digest} if digest else {}
+    _send(root, {"op": "finish", "run_id": run_id, "status": status, "tags": tags})
 
 
 def flush_buffer(root: Path) -> bool:
@@ -182,7 +227,12 @@ def _apply(client: MlflowClient, root: Path, record: dict) -> None:
     op = record["op"]
     if op == "open":
         _find_or_create(
-            client, root, record["params"], record["run_name"], record.get("fresh", False)
+            client,
+            root,
+            record["params"],
+            record["run_name"],
+            record.get("fresh", False),
+            record.get("tags", {}),
         )
         return
     with _translate_errors(client):
@@ -194,6 +244,7 @@ def _apply(client: MlflowClient, root: Path, record: dict) -> None:
         elif op == "artifacts":
             _upload(client, run_id, record["paths"], record["dir"])
         elif op == "finish":
+            _log_tags(client, run_id, record.get("tags", {}))
             client.set_terminated(run_id, status=record["status"])
 
 
@@ -221,6 +272,11 @@ def _upload(client: MlflowClient, run_id: str, paths: list[str], artifact_path: 
             print(f"rollwise.track: artifact {p} is gone, not uploaded", file=sys.stderr)
 
 
+def _log_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    if tags:
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+
 def _param_strings(params: dict) -> dict[str, str]:
     return {k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()}
 
@@ -229,16 +285,24 @@ def _param_strings(params: dict) -> dict[str, str]:
 
 
 def _find_or_create(
-    client: MlflowClient, root: Path, params: dict, run_name: str | None, fresh: bool = False
+    client: MlflowClient,
+    root: Path,
+    params: dict,
+    run_name: str | None,
+    fresh: bool = False,
+    tags: dict[str, str] | None = None,
 ) -> str:
-    """The latest live run with this params hash, or a new one carrying the params."""
+    """The latest live run with this params hash (its tags refreshed: the code that writes to it
+    now), or a new one carrying the params and tags."""
     digest = params_hash(params)
+    tags = tags or {}
     with _translate_errors(client):
         exp_id = _experiment_id(client, root)
         found = None if fresh else _find_run(client, exp_id, digest)
         if found is not None:
+            _log_tags(client, found, tags)
             return found
-        run = client.create_run(exp_id, run_name=run_name, tags={HASH_TAG: digest})
+        run = client.create_run(exp_id, run_name=run_name, tags={HASH_TAG: digest, **tags})
         _log_param_batches(client, run.info.run_id, _param_strings(params))
         return run.info.run_id
 

@@ -1,19 +1,34 @@
-"""The evaluation report: a table per candidate and a plot of held-out success per round."""
+"""The evaluation report: a table per candidate, plots of held-out success per round and against
+what the rollouts cost, and sample trajectories as text a person can read."""
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
+# The cost measure of `plot_spend`/`markdown`: every token of every rollout episode, i.e. the
+# prompt, the observations and the generated tokens (the episode's `prompt_tokens` counts all
+# non-policy tokens). Rollout compute grows with it; tool and verifier calls are reported apart.
+COST_LABEL = "rollout tokens (prompt + observations + generated)"
 
-def plot_rounds(summary: pd.DataFrame, path: Path) -> None:
-    """Held-out success (with 95% band) and mean reward against the training round."""
+
+def _pyplot():
+    """pyplot on the Agg backend: stages run headless."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_rounds(summary: pd.DataFrame, path: Path) -> None:
+    """Held-out success (with 95% band) and mean reward against the training round."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     x = summary["round"]
     ax.plot(x, 100 * summary["success"], marker="o", label="held-out success (%)")
@@ -29,7 +44,89 @@ def plot_rounds(summary: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(summary: pd.DataFrame, n_tasks: int) -> str:
+def plot_spend(curve: pd.DataFrame, x: str, xlabel: str, path: Path) -> None:
+    """Held-out success (95% band) of each candidate against the cumulative rollout spend `x`
+    that produced it: what a round of RL bought, in the unit the budget is spent in."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(curve[x], 100 * curve["success"], marker="o", label="held-out success (%)")
+    ax.fill_between(curve[x], 100 * curve["success_lo"], 100 * curve["success_hi"], alpha=0.2)
+    for row in curve.itertuples():
+        ax.annotate(f"r{row.round}", (getattr(row, x), 100 * row.success), fontsize=7,
+                    xytext=(3, 4), textcoords="offset points")  # fmt: skip
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out success (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Held-out success against {xlabel.split(' (')[0]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render_trajectory(row: Mapping, tokenizer) -> str:
+    """One episode as readable text, decoded from its own token ids (exactly what the policy saw
+    and wrote): the prompt, then each policy turn (tool calls or the answer) and each
+    observation, split where the loss mask flips."""
+    ids, mask = list(row["token_ids"]), [int(m) for m in row["loss_mask"]]
+    prompt_len = int(row["prompt_len"])
+    lines = [
+        f"episode {row['episode_id']}  task {row['task_id']}  env {row['env_id']}",
+        f"success {bool(row['success'])}  reward {float(row['reward']):.3f}  "
+        f"termination {row['termination']}  turns {row['turns']}  tool calls {row['tool_calls']}",
+        f"rubric {row['rubric']}",
+        "",
+        f"--- prompt ({prompt_len} tokens) ---",
+        _decode(tokenizer, ids[:prompt_len]),
+    ]
+    turn, start = 0, prompt_len
+    for policy, run in itertools.groupby(range(prompt_len, len(ids)), key=lambda i: mask[i]):
+        end = start + len(list(run))
+        if policy:
+            turn += 1
+            title = f"policy, turn {turn} ({end - start} tokens)"
+        else:
+            title = f"observation ({end - start} tokens)"
+        lines += [f"--- {title} ---", _decode(tokenizer, ids[start:end])]
+        start = end
+    answer = row["answer"]
+    if not isinstance(answer, str) or not answer:  # None (or NaN from parquet): no answer given
+        answer = f"(none; ended by {row['termination']})"
+    lines += ["--- answer ---", answer]
+    return "\n".join(lines) + "\n"
+
+
+def _decode(tokenizer, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False).strip("\n")
+
+
+def pick_samples(episodes: pd.DataFrame, k: int = 3) -> pd.DataFrame:
+    """Up to `k` episodes, successes and failures alternating (each in row order), so the
+    samples show both what the policy gets right and what it gets wrong."""
+    episodes = episodes.reset_index(drop=True)
+    won = episodes["success"].astype(bool)
+    wins, losses = episodes.index[won].tolist(), episodes.index[~won].tolist()
+    order = [i for pair in itertools.zip_longest(wins, losses) for i in pair if i is not None]
+    return episodes.loc[order[:k]]
+
+
+def write_samples(episodes: pd.DataFrame, tokenizer, folder: Path, k: int = 3) -> list[str]:
+    """`pick_samples` rendered one .txt file each under `folder`; returns the file names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, row in enumerate(pick_samples(episodes, k).to_dict("records"), start=1):
+        name = f"{i:02d}_{re.sub(r'[^A-Za-z0-9._-]+', '_', str(row['task_id']))}.txt"
+        (folder / name).write_text(render_trajectory(row, tokenizer))
+        names.append(name)
+    return names
+
+
+def markdown(
+    summary: pd.DataFrame,
+    n_tasks: int,
+    curve: pd.DataFrame | None = None,
+    samples: Sequence[str] = (),
+) -> str:
     criteria = [c for c in summary.columns if c.startswith("criterion_")]
     head = "| round | success | 95% CI | reward | " + " | ".join(c[10:] for c in criteria) + " |"
     lines = [
@@ -49,4 +146,27 @@ def markdown(summary: pd.DataFrame, n_tasks: int) -> str:
     first, last = summary.iloc[0], summary.iloc[-1]
     gain = 100 * (last["success"] - first["success"])
     lines += ["", f"Final minus warm start: {gain:+.1f} points.", "", "![per round](per_round.png)"]
+    if curve is not None:
+        lines += [
+            "",
+            "## What the rollouts cost",
+            "",
+            f"Cumulative over the rounds that trained each candidate; cost = {COST_LABEL}.",
+            "",
+            "| round | rollouts | rollout tokens | tool calls | success |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {row.round} | {row.rollouts} | {row.rollout_tokens} | {row.tool_calls} | "
+            f"{100 * row.success:.1f}% |"
+            for row in curve.itertuples()
+        ]
+        lines += [
+            "",
+            "![success vs rollouts](success_vs_rollouts.png)",
+            "![success vs cost](success_vs_cost.png)",
+        ]
+    if samples:
+        lines += ["", "## Sample trajectories (final candidate)", ""]
+        lines += [f"- [{name}](trajectories/{name})" for name in samples]
     return "\n".join(lines) + "\n"
