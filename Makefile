@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -c constraints.txt -e '.[dev,ray]'
 	touch $@
 
 $(STATE)/tmp:

@@ -65,6 +65,9 @@ class RolloutConfig(Section):
     batch_size: int = Field(256, ge=1)
     tool_timeout_s: float = Field(5.0, gt=0)
     seed: int = 0
+    executor: Literal["local", "ray"] = "local"  # rollout/executors.py: same episodes either way
+    ray_address: str | None = None  # null: $RAY_ADDRESS if set, else start a local Ray
+    workers: int = Field(2, ge=1)  # Ray workers (one policy replica and one CPU each)
 
 
 class CurateConfig(Section):

@@ -2,11 +2,16 @@
 
 Each episode's sequence is built token-in, token-out: the prompt is tokenized once, then each
 turn appends exactly the generated ids (loss mask 1) and the observation ids (mask 0).
+
+An episode's result does not depend on the batch it runs in: each turn samples with the
+episode's own seed (`turn_seed`) and its own token room, so any sharding or batch size of the
+same plan gives the same episodes (rollout/executors.py relies on it).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -69,16 +74,13 @@ def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -
     """Roll out every spec to an answer or a limit; returns (episode rows, step rows)."""
     with ThreadPoolExecutor(max_workers=8) as pool:
         live = [start(s, tokenizer) for s in specs]
-        for turn in range(limits.max_turns):
+        for _ in range(limits.max_turns):
             active = [e for e in live if e.termination is None]
             active = [e for e in active if fits(e, limits)]
             if not active:
                 break
             for lo in range(0, len(active), limits.batch_size):
-                chunk = active[lo : lo + limits.batch_size]
-                advance(
-                    chunk, backend, tokenizer, limits, pool, seed=limits.seed + 1000 * turn + lo
-                )
+                advance(active[lo : lo + limits.batch_size], backend, tokenizer, limits, pool)
         for e in live:
             if e.termination is None:
                 e.end("max_turns")
@@ -105,21 +107,46 @@ def fits(e: Live, limits: Limits) -> bool:
     return True
 
 
-def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool, seed: int) -> None:
+def turn_seed(e: Live, rollout_seed: int) -> int:
+    """The sampling seed of an episode's next turn, from (rollout seed, episode seed, episode id,
+    turn): its own stream whatever batch it lands in. The id keeps episodes of different tasks
+    that share a seed from sharing noise. 63 bits, stable across processes (no hash())."""
+    key = f"{rollout_seed}/{e.spec.seed}/{e.spec.episode_id}/{len(e.turn_spans)}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def room(e: Live, limits: Limits) -> int:
+    """New tokens this episode may generate this turn (its own context, not its batch mates')."""
+    return max(1, min(limits.max_new_tokens, limits.max_context - len(e.ids)))
+
+
+def clip(out, n: int) -> tuple[list[int], list[float], bool]:
+    """(ids, log-probs, stopped) of a completion cut to n tokens; a cut one did not stop."""
+    if len(out.token_ids) <= n:
+        return out.token_ids, out.logprobs, out.stopped
+    return out.token_ids[:n], out.logprobs[:n], False
+
+
+def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None:
     """One turn for a chunk: generate, parse, execute the tool calls concurrently, observe."""
-    room = min(limits.max_new_tokens, limits.max_context - max(len(e.ids) for e in chunk))
+    rooms = [room(e, limits) for e in chunk]
     outs = backend.generate(
-        [e.ids for e in chunk], max(1, room), limits.temperature, greedy=limits.greedy, seed=seed
+        [e.ids for e in chunk],
+        max(rooms),
+        limits.temperature,
+        greedy=limits.greedy,
+        seed=[turn_seed(e, limits.seed) for e in chunk],
     )
     pending = []
-    for e, out in zip(chunk, outs, strict=True):
-        span = [len(e.ids), len(e.ids) + len(out.token_ids)]
-        e.extend(out.token_ids, out.logprobs, policy=True)
+    for e, out, n in zip(chunk, outs, rooms, strict=True):
+        ids, logprobs, stopped = clip(out, n)
+        span = [len(e.ids), len(e.ids) + len(ids)]
+        e.extend(ids, logprobs, policy=True)
         e.turn_spans.append(span)
-        if not out.stopped:
+        if not stopped:
             e.end("max_tokens")
             continue
-        action = parse_action(tokenizer.decode(out.token_ids, skip_special_tokens=False))
+        action = parse_action(tokenizer.decode(ids, skip_special_tokens=False))
         if action.answer is not None:
             e.answer = action.answer
             e.end("answer")
