@@ -65,6 +65,60 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+# ---------------------------------------------------------------------------- loaded policy
+# In one process (the Prefect flow) the policy train@r just saved is the one rollout@r+1 and
+# train@r+1 read next: keep it in memory instead of reloading it. One slot, so memory holds one
+# model; the files' stamps decide whether the slot still matches the folder on disk (a restore
+# from DVC's cache or any other rewrite misses and reloads). Under `dvc repro` every stage is a
+# fresh process and this is simply a load.
+_LOADED: dict[str, object] = {}
+
+
+def _stamp(folder: Path) -> tuple:
+    return tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(folder.iterdir()))
+
+
+def load_checkpoint(folder: Path, stage: str, take: bool = False):
+    """(model, tokenizer) of a checkpoint folder that `stage` writes. `take=True` is for a
+    caller that will change the model (training): the slot is emptied so nobody else reads the
+    changed weights under the old folder's name."""
+    from rollwise.policy.build import load_policy
+
+    require(folder, stage)
+    key = str(folder.resolve())
+    if _LOADED.get("key") == key and _LOADED.get("stamp") == _stamp(folder):
+        model, tokenizer = _LOADED["model"], _LOADED["tokenizer"]
+    else:
+        model, tokenizer = load_policy(folder)
+    if take:
+        _LOADED.clear()
+    else:
+        _LOADED.update(key=key, stamp=_stamp(folder), model=model, tokenizer=tokenizer)
+    return model, tokenizer
+
+
+def keep_checkpoint(folder: Path, model, tokenizer) -> None:
+    """Remember the model just saved to `folder` (after its atomic rename)."""
+    _LOADED.update(key=str(folder.resolve()), stamp=_stamp(folder), model=model,
+                   tokenizer=tokenizer)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- progress
+# Long loops report (stage, done, total) here; the terminal gets a line per report and every
+# registered sink is called too (the Prefect flow registers one that updates a progress artifact
+# in the UI), so this module stays free of Prefect.
+PROGRESS_SINKS: list = []
+
+
+def report_progress(stage: str, done: int, total: int, note: str = "") -> None:
+    """A line per report, with a bar: readable in a terminal, in DVC's output and in Prefect."""
+    filled = round(20 * done / max(total, 1))
+    bar = "#" * filled + "." * (20 - filled)
+    log(stage, f"[{bar}] {done}/{total} {note}".rstrip())
+    for sink in PROGRESS_SINKS:
+        sink(stage, done, total)
+
+
 def log(stage: str, message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {stage}: {message}", flush=True)
 
@@ -72,6 +126,19 @@ def log(stage: str, message: str) -> None:
 def finish_stage(root: Path, params: Params, stage: str, metrics: dict, step: int | None) -> None:
     """Write the stage's DVC metrics file and log the same numbers to the pipeline's MLflow run."""
     write_json(metrics_path(root, stage), metrics)
+    log_stage_metrics(root, params, stage, metrics, step)
+
+
+def recorded_metrics(root: Path, params: Params, stage: str) -> dict:
+    """A stage DVC restored instead of running: its metrics file, logged to this MLflow run too
+    (so every run holds every round's numbers, computed here or not)."""
+    metrics = json.loads(require(metrics_path(root, stage), stage).read_text())
+    _, _, r = stage.partition("@")
+    log_stage_metrics(root, params, stage, metrics, int(r) if r else None)
+    return metrics
+
+
+def log_stage_metrics(root: Path, params: Params, stage: str, metrics: dict, step: int | None):
     name = stage.split("@")[0]
     numeric = {f"{name}/{k}": float(v) for k, v in metrics.items() if isinstance(v, int | float)}
     run_id = track.open_run(root, params.model_dump())

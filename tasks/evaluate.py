@@ -1,8 +1,9 @@
 """Stage `evaluate`: every checkpoint on the held-out split -> data/eval/ (matrix, summary,
-report.md, per_round.png), logged to MLflow."""
+report.md, plots, sample trajectories), logged to MLflow."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,13 +11,29 @@ import pandas as pd
 from rollwise import track
 from rollwise.config import Params
 from rollwise.envs.runtime import load_suite
-from tasks.common import atomic_dir, envs_dir, log, model_dir, require, stage_main, write_json
+from tasks.common import (
+    atomic_dir,
+    envs_dir,
+    log,
+    metrics_path,
+    model_dir,
+    report_progress,
+    require,
+    stage_main,
+    write_json,
+)
 from tasks.rollout import stage_of_model
 
 
 def run(params: Params, root: Path) -> dict:
     from rollwise.evaluate.full import evaluate_policy, summarize
-    from rollwise.evaluate.report import markdown, plot_rounds
+    from rollwise.evaluate.report import (
+        COST_LABEL,
+        markdown,
+        plot_rounds,
+        plot_spend,
+        write_samples,
+    )
     from rollwise.policy.build import load_policy
     from rollwise.policy.hf import HFBackend
     from rollwise.rollout.engine import Limits
@@ -31,27 +48,41 @@ def run(params: Params, root: Path) -> dict:
         greedy=True,
     )
     rows, matrix = [], []
-    for r in ["00", *params.rounds]:
+    candidates = ["00", *params.rounds]
+    for i, r in enumerate(candidates):
         model, tokenizer = load_policy(require(model_dir(root, r), stage_of_model(r)))
         episodes = evaluate_policy(HFBackend(model, tokenizer), tokenizer, suite, tasks, limits)
         rows.append({"round": int(r), "candidate": f"round_{r}", **summarize(episodes)})
         matrix.append(episodes.assign(candidate=f"round_{r}")[MATRIX_COLUMNS])
-        log("evaluate", f"round {r}: held-out success {100 * rows[-1]['success']:.1f}%")
+        note = f"round {r}: held-out success {100 * rows[-1]['success']:.1f}%"
+        report_progress("evaluate", i + 1, len(candidates), note)
     summary = pd.DataFrame(rows)
+    spend = rollout_spend(root, list(params.rounds))
+    curve = None if spend is None else summary.merge(spend, on="round")
     out_dir = root / "data" / "eval"
     with atomic_dir(out_dir) as out:
         pd.concat(matrix).to_parquet(out / "matrix.parquet")
         summary.to_parquet(out / "summary.parquet")
         write_json(out / "selection.json", selection(summary))
         plot_rounds(summary, out / "per_round.png")
-        (out / "report.md").write_text(markdown(summary, len(tasks)))
+        if curve is not None:
+            plot_spend(curve, "rollouts", "rollouts spent (episodes)", out / SPEND_PLOTS[0])
+            plot_spend(curve, "rollout_tokens", COST_LABEL, out / SPEND_PLOTS[1])
+        else:
+            log("evaluate", "no rollout metrics (data/metrics/rollout@NN.json): no spend plots")
+        samples = write_samples(episodes, tokenizer, out / "trajectories")  # the final candidate
+        (out / "report.md").write_text(markdown(summary, len(tasks), curve, samples))
     run_id = track.open_run(root, params.model_dump())
-    track.log_artifacts(
-        run_id, [out_dir / "report.md", out_dir / "per_round.png"], "eval", root=root
-    )
+    for row in summary.itertuples():  # the per-round curve `rollwise compare` plots
+        per_round = {f"evaluate/round_{k}": getattr(row, k) for k in ROUND_METRICS}
+        track.log_metrics(run_id, per_round, step=int(row.round), root=root)
+    artifacts = ["report.md", "per_round.png", *SPEND_PLOTS, "trajectories"]
+    present = [out_dir / a for a in artifacts if (out_dir / a).exists()]
+    track.log_artifacts(run_id, present, "eval", root=root)
     first, last = summary.iloc[0], summary.iloc[-1]
     return {
         "tasks": len(tasks),
+        "cells": int(summary["n"].sum()),
         "warmstart_success": first["success"],
         "warmstart_success_lo": first["success_lo"],
         "warmstart_success_hi": first["success_hi"],
@@ -62,6 +93,33 @@ def run(params: Params, root: Path) -> dict:
         "final_reward": last["reward"],
         "warmstart_reward": first["reward"],
     }
+
+
+SPEND_PLOTS = ("success_vs_rollouts.png", "success_vs_cost.png")
+ROUND_METRICS = ("success", "success_lo", "success_hi")
+
+
+def rollout_spend(root: Path, rounds: list[str]) -> pd.DataFrame | None:
+    """What had been spent on rollouts when each candidate was made (round 0, the warm start:
+    nothing): cumulative episodes, rollout tokens (report.COST_LABEL) and tool calls, from the
+    rollout stages' metrics files. None when one is missing (checkpoints made some other way)."""
+    rows = [{"round": 0, "rollouts": 0, "rollout_tokens": 0, "tool_calls": 0}]
+    for r in rounds:
+        path = metrics_path(root, f"rollout@{r}")
+        if not path.exists():
+            return None
+        m, prev = json.loads(path.read_text()), rows[-1]
+        rows.append(
+            {
+                "round": int(r),
+                "rollouts": prev["rollouts"] + int(m["episodes"]),
+                "rollout_tokens": prev["rollout_tokens"]
+                + int(m["prompt_tokens"])
+                + int(m["generated_tokens"]),
+                "tool_calls": prev["tool_calls"] + int(m["tool_calls"]),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 MATRIX_COLUMNS = [

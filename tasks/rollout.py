@@ -16,6 +16,7 @@ from rollwise.types import STEP_COLUMNS
 from tasks.common import (
     atomic_dir,
     envs_dir,
+    load_checkpoint,
     log,
     model_dir,
     require,
@@ -26,13 +27,13 @@ from tasks.common import (
 
 
 def run(params: Params, root: Path, r: str) -> dict:
-    from rollwise.policy.build import load_policy
-    from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
+    from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env
+    from rollwise.rollout.executors import EXECUTORS
 
     prev = params.rounds[r]
-    suite = load_suite(require(envs_dir(root), "generate"))
-    model, tokenizer = load_policy(require(model_dir(root, prev), stage_of_model(prev)))
+    suite_dir = require(envs_dir(root), "generate")
+    suite = load_suite(suite_dir)
+    policy_dir = require(model_dir(root, prev), stage_of_model(prev))
     cfg, seed = params.rollout, params.schedule.seed * 1000 + int(r)
     plan = SCHEDULERS[params.schedule.method](
         suite.catalog, None, params.schedule.tasks_per_round, cfg.samples_per_task, seed
@@ -58,8 +59,19 @@ def run(params: Params, root: Path, r: str) -> dict:
         batch_size=cfg.batch_size,
         seed=seed,
     )
-    log(f"rollout@{r}", f"{len(plan)} tasks x {cfg.samples_per_task} samples, policy round {prev}")
-    episodes, steps = run_episodes(specs, HFBackend(model, tokenizer), tokenizer, limits)
+    log(
+        f"rollout@{r}",
+        f"{len(plan)} tasks x {cfg.samples_per_task} samples, policy round {prev}, "
+        f"executor {cfg.executor}",
+    )
+    episodes, steps = EXECUTORS[cfg.executor](
+        specs,
+        policy_dir,
+        suite_dir,
+        limits,
+        cfg,
+        load=lambda: load_checkpoint(policy_dir, stage_of_model(prev)),  # local: the loaded model
+    )
     episodes = pd.DataFrame(episodes).assign(round=int(r), policy_version=int(prev))
     with atomic_dir(round_dir(root, "rollouts", r)) as out:
         plan.assign(round=int(r)).to_parquet(out / "plan.parquet")

@@ -7,7 +7,16 @@ from pathlib import Path
 import pandas as pd
 
 from rollwise.config import Params
-from tasks.common import atomic_dir, log, model_dir, require, round_dir, stage_main
+from tasks.common import (
+    atomic_dir,
+    keep_checkpoint,
+    load_checkpoint,
+    log,
+    model_dir,
+    require,
+    round_dir,
+    stage_main,
+)
 from tasks.credit import kept_episodes
 from tasks.rollout import stage_of_model
 
@@ -26,7 +35,7 @@ def run(params: Params, root: Path, r: str) -> dict:
 
     prev = params.rounds[r]
     torch.manual_seed(params.train.seed * 1000 + int(r))
-    model, tokenizer = load_policy(require(model_dir(root, prev), stage_of_model(prev)))
+    model, tokenizer = load_checkpoint(model_dir(root, prev), stage_of_model(prev), take=True)
     advantages = pd.read_parquet(
         require(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
     )
@@ -43,6 +52,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     with atomic_dir(model_dir(root, r)) as out:
         save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
         save_state(out, optimizer, step + params.train.epochs)
+    keep_checkpoint(model_dir(root, r), model, tokenizer)
     log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
     return metrics
 

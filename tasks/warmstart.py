@@ -10,7 +10,15 @@ from pathlib import Path
 
 from rollwise.config import Params
 from rollwise.envs.runtime import load_suite
-from tasks.common import atomic_dir, envs_dir, log, model_dir, require, stage_main
+from tasks.common import (
+    atomic_dir,
+    envs_dir,
+    log,
+    model_dir,
+    report_progress,
+    require,
+    stage_main,
+)
 
 
 def run(params: Params, root: Path) -> dict:
@@ -28,7 +36,7 @@ def run(params: Params, root: Path) -> dict:
 
     def progress(step: int, loss: float) -> None:
         if step % 25 == 0 or step == params.warmstart.steps - 1:
-            log("warmstart", f"sft step {step + 1}/{params.warmstart.steps} loss {loss:.3f}")
+            report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
 
     losses = sft(model, train, params.warmstart, tokenizer.pad_token_id, on_step=progress)
     with atomic_dir(model_dir(root, "00")) as out:

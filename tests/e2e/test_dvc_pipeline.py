@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from rollwise import track
@@ -193,3 +195,38 @@ def test_second_repro_is_a_noop(pipeline):
     assert "Running stage" not in again.stdout
     status = run([str(BIN / "dvc"), "status"], root, env, 120)
     assert "up to date" in status.stdout, status.stdout
+
+
+def ran_stages(stdout: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", stdout))
+
+
+def test_credit_change_reruns_from_credit_on(pipeline):
+    """Only credit.* changed: DVC reuses generate, warmstart, rollout@01 and curate@01."""
+    root, env, _ = pipeline
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["credit"]["eps"] = 1.0e-4
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    again = run([str(BIN / "dvc"), "repro"], root, env, 600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    ran = ran_stages(again.stdout)
+    assert {"credit@01", "credit@02"} <= ran, again.stdout
+    assert not ran & {"generate", "warmstart", "rollout@01", "curate@01"}, again.stdout
+    for stage in ("generate", "warmstart", "rollout@01", "curate@01"):
+        assert f"Stage '{stage}' didn't change" in again.stdout, stage
+
+
+def test_dvc_exp_run_sets_a_param(pipeline):
+    """`dvc exp run -S credit.std_norm=false` runs as an experiment and records the param."""
+    root, env, _ = pipeline
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-q", "-m", "baseline"]):
+        done = run(cmd, root, env, 60)
+        assert done.returncode == 0, done.stderr
+    exp = run([str(BIN / "dvc"), "exp", "run", "-S", "credit.std_norm=false"], root, env, 600)
+    assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
+    ran = ran_stages(exp.stdout)
+    assert "credit@01" in ran and "rollout@01" not in ran, exp.stdout
+    shown = run([str(BIN / "dvc"), "exp", "show", "--json"], root, env, 120)
+    assert shown.returncode == 0, shown.stderr
+    values = re.findall(r'"std_norm":\s*(true|false)', shown.stdout)
+    assert "false" in values and "true" in values, shown.stdout[:2000]  # baseline and experiment

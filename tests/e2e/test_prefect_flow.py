@@ -1,15 +1,17 @@
 """The `rollwise-pipeline` flow, served and triggered the way the Prefect UI does it.
 
-A copy of the project (tasks/, flows/, dvc.yaml, the micro params as params.yaml) is served with
-`python -m flows.serve` against the session's real Prefect and MLflow servers; a run with an
-override is created over the REST API and must finish with one task run per stage, the override
-in MLflow, and the copy's workspace untouched.
+A git+DVC copy of the project (src/, tasks/, flows/, dvc.yaml, the micro params as params.yaml)
+is served with `python -m flows.serve` against the session's real Prefect and MLflow servers.
+Two runs with different overrides are created at once over the REST API; both must finish with
+one task run per stage, their overrides in MLflow, each in its own worktree, the second restoring
+from DVC's run-cache what the first computed, and the copy's workspace untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from rollwise.credit import ESTIMATORS
 from tests import servers
 
 pytestmark = pytest.mark.e2e
@@ -38,15 +41,30 @@ def expected_task_runs(rounds: list[str]) -> list[str]:
     return ["generate", "warmstart", *[f"{s}@{r}" for r in rounds for s in PER_ROUND], "evaluate"]
 
 
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """The parts of the project the flow needs (rollwise itself is installed editable)."""
+    """A git+DVC repo with the parts of the project the flow needs (rollwise itself is installed
+    editable; src/ is there because dvc.yaml's stages depend on it)."""
     root = tmp_path / "project"
-    ignore = shutil.ignore_patterns("__pycache__")
-    for folder in ("tasks", "flows"):
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("src", "tasks", "flows"):
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     shutil.copy(MICRO, root / "params.yaml")
+    (root / ".gitignore").write_text("__pycache__/\nmlflow.db\nmlruns/\n.rollwise/\n")
+    env = {**os.environ, **GIT_ENV, "DVC_NO_ANALYTICS": "1"}
+    dvc = str(Path(sys.executable).parent / "dvc")
+    for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "-m", "project"]):  # fmt: skip
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
     return root
 
 
@@ -140,75 +158,108 @@ def flow_run_logs(api: httpx.Client, run_id: str) -> str:
             return "\n".join(lines)
 
 
-def test_ui_triggered_run_with_override(project: Path, prefect_server: str, mlflow_server: str):
+def task_runs_of(api: httpx.Client, run_id: str) -> list[dict]:
+    body = {"task_runs": {"flow_run_id": {"any_": [run_id]}}, "sort": "EXPECTED_START_TIME_ASC"}
+    return api.post("/task_runs/filter", json=body).raise_for_status().json()
+
+
+def stage_outcomes(logs: str, stages: list[str]) -> dict[str, str]:
+    """What DVC did per stage ("ran", "restored", "up-to-date"), from the stage's log line."""
+    found = {}
+    for stage in stages:
+        hit = re.search(rf"{re.escape(stage)} (ran|restored|up-to-date); metrics", logs)
+        found[stage] = hit.group(1) if hit else "missing"
+    return found
+
+
+def test_two_ui_runs_at_once(project: Path, prefect_server: str, mlflow_server: str):
     from mlflow.tracking import MlflowClient
 
     rounds = list(yaml.safe_load(MICRO.read_text())["rounds"])
+    stages = expected_task_runs(rounds)
     params_before = (project / "params.yaml").read_bytes()
+    triggers = {  # one through the free-form mapping, one through the typed form field
+        "e2e-lr2": {"overrides": {"train.lr": 0.0002}},
+        "e2e-lr3": {"train_lr": 0.0003},
+    }
     with (
         serving(project, prefect_server, mlflow_server) as serve,
         httpx.Client(base_url=prefect_server, timeout=10) as api,
     ):
         deployment = wait_for_deployment(api, serve)
         schema = deployment["parameter_openapi_schema"]["properties"]
-        assert {"overrides", "run_name", "params_file"} <= set(schema)
-        assert all(schema[k].get("description") for k in ("overrides", "run_name"))
+        assert {"overrides", "run_name", "params_file", "rounds", "train_lr"} <= set(schema)
+        assert all(schema[k].get("description") for k in schema), schema
+        choice = schema["credit_method"]["anyOf"][0]  # a drop-down of ESTIMATORS, not free text
+        assert choice.get("enum", [choice.get("const")]) == sorted(ESTIMATORS)
 
         t0 = time.monotonic()
-        created = api.post(
-            f"/deployments/{deployment['id']}/create_flow_run",
-            json={"parameters": {"overrides": {"train.lr": 0.0002}}, "name": "e2e-lr"},
-        ).raise_for_status()
-        run = wait_for_terminal(api, created.json()["id"], serve)
-        took = time.monotonic() - t0
-        state = run["state"]
-        assert state["type"] == "COMPLETED", (
-            f"{state['type']}: {state.get('message')}\n"
-            f"{flow_run_logs(api, run['id'])}\n{tail(serve.log)}"
-        )
-        print(f"\nmicro flow run: {took:.1f} s from trigger to COMPLETED")
-        wanted = [
-            f"rollout@{rounds[0]} metrics: ",  # get_run_logger, once per stage
-            f"rollout@{rounds[0]}: 3 tasks x 3 samples",  # the stage's own print (log_prints)
-        ]
-        logs = wait_for_logs(api, run["id"], wanted)
-        assert all(w in logs for w in wanted), logs
+        created = {
+            name: api.post(
+                f"/deployments/{deployment['id']}/create_flow_run",
+                json={"parameters": parameters, "name": name},
+            )
+            .raise_for_status()
+            .json()["id"]
+            for name, parameters in triggers.items()
+        }  # both queued before either starts: "at once", as two users clicking Run
+        runs = {name: wait_for_terminal(api, run_id, serve) for name, run_id in created.items()}
+        print(f"\ntwo micro flow runs: {time.monotonic() - t0:.1f} s from trigger to COMPLETED")
+        for name, run in runs.items():
+            state = run["state"]
+            assert state["type"] == "COMPLETED", (
+                f"{name} {state['type']}: {state.get('message')}\n"
+                f"{flow_run_logs(api, run['id'])}\n{tail(serve.log)}"
+            )
+        wanted = ["evaluate ran; metrics"]
+        logs = {name: wait_for_logs(api, run["id"], wanted) for name, run in runs.items()}
+        task_runs = {name: task_runs_of(api, run["id"]) for name, run in runs.items()}
 
-        body = {
-            "task_runs": {"flow_run_id": {"any_": [run["id"]]}},
-            "sort": "EXPECTED_START_TIME_ASC",
-        }
-        task_runs = api.post("/task_runs/filter", json=body).raise_for_status().json()
-    assert len(task_runs) == 2 + 4 * len(rounds) + 1
-    assert [t["name"] for t in task_runs] == expected_task_runs(rounds)
-    assert {t["state"]["type"] for t in task_runs} == {"COMPLETED"}
+    first, second = sorted(runs, key=lambda n: runs[n]["start_time"])
+    for name in runs:
+        assert [t["name"] for t in task_runs[name]] == stages
+        assert {t["state"]["type"] for t in task_runs[name]} == {"COMPLETED"}
+    # The first computes everything; the second restores from DVC's run-cache every stage whose
+    # deps and params match (train.lr is read first by train@01) and computes the rest.
+    assert set(stage_outcomes(logs[first], stages).values()) == {"ran"}
+    upstream = ["generate", "warmstart", *(f"{s}@{rounds[0]}" for s in PER_ROUND[:3])]
+    assert stage_outcomes(logs[second], stages) == {
+        s: "restored" if s in upstream else "ran" for s in stages
+    }
 
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("rollwise")
-    found = client.search_runs(
-        [experiment.experiment_id], filter_string="params.`override.train.lr` = '0.0002'"
-    )
-    assert len(found) == 1
-    mlrun = found[0]
-    assert mlrun.info.status == "FINISHED"
-    assert mlrun.info.run_name == "e2e-lr"
-    assert mlrun.data.params["train.lr"] == "0.0002"
-    history = client.get_metric_history(mlrun.info.run_id, "rollout/reward_mean")
-    assert sorted(m.step for m in history) == [int(r) for r in rounds]
-    assert "evaluate/final_success" in mlrun.data.metrics
+    for name, lr in (("e2e-lr2", "0.0002"), ("e2e-lr3", "0.0003")):
+        found = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+        assert len(found) == 1
+        mlrun = found[0]
+        assert mlrun.info.status == "FINISHED"
+        assert mlrun.data.params["train.lr"] == lr
+        assert mlrun.data.params["override.train.lr"] == lr
+        history = client.get_metric_history(mlrun.info.run_id, "rollout/reward_mean")
+        assert sorted(m.step for m in history) == [int(r) for r in rounds]  # restored ones too
+        assert "evaluate/final_success" in mlrun.data.metrics
 
-    # The copy's workspace is untouched; everything lives in the run's work folder.
+    # The copy's workspace is untouched; each run lives in its own committed worktree, where a
+    # `dvc repro` has nothing left to do.
     assert (project / "params.yaml").read_bytes() == params_before
-    for path in ("data", "models", "mlflow.db", "mlruns"):
+    for path in ("data", "models", "dvc.lock", "mlflow.db", "mlruns"):
         assert not (project / path).exists(), path
-    work = project / ".rollwise" / "runs" / "e2e-lr"
-    assert yaml.safe_load((work / "params.yaml").read_text())["train"]["lr"] == 0.0002
-    assert (work / "data" / "envs" / "catalog.parquet").exists()
-    assert (work / "models" / f"round_{rounds[-1]}" / "config.json").exists()
-    assert (work / "data" / "eval" / "report.md").exists()
-    assert {p.stem for p in (work / "data" / "metrics").glob("*.json")} == set(
-        expected_task_runs(rounds)
-    )
+    dvc = str(Path(sys.executable).parent / "dvc")
+    for name, lr in (("e2e-lr2", 0.0002), ("e2e-lr3", 0.0003)):
+        work = project / ".rollwise" / "runs" / name
+        assert yaml.safe_load((work / "params.yaml").read_text())["train"]["lr"] == lr
+        assert (work / "models" / f"round_{rounds[-1]}" / "config.json").exists()
+        assert (work / "data" / "eval" / "report.md").exists()
+        assert {p.stem for p in (work / "data" / "metrics").glob("*.json")} == set(stages)
+        status = subprocess.run([dvc, "status"], cwd=work, capture_output=True, text=True)
+        assert "up to date" in status.stdout, status.stdout + status.stderr
+        branch = subprocess.run(["git", "log", "-1", "--format=%s", f"rollwise-runs/{name}"],
+                                cwd=project, capture_output=True, text=True)  # fmt: skip
+        assert branch.stdout.startswith(f"rollwise run {name}")
+        committed = subprocess.run(["git", "status", "--porcelain"], cwd=work,
+                                   capture_output=True, text=True)  # fmt: skip
+        assert committed.stdout == ""  # params.yaml and dvc.lock are on the run's branch
 
 
 def test_bad_override_fails_the_run_at_once(prefect_server: str, monkeypatch):
