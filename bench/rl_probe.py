@@ -27,7 +27,7 @@ from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
-from rollwise.evaluate.full import evaluate_policy, summarize  # noqa: E402
+from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
 from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
@@ -54,8 +54,8 @@ def warm_start(p, cache: Path):
     return suite, model, tok
 
 
-def heldout(model, tok, suite, p) -> dict:
-    tasks = suite.split("heldout")[: p.evaluate.max_tasks]
+def heldout(model, tok, suite, p, split: str = "heldout") -> dict:
+    tasks = evaluation_tasks(suite, split, p.evaluate.max_tasks)
     limits = Limits(max_context=p.policy.max_context, greedy=True)
     return summarize(evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits))
 
@@ -98,21 +98,31 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")
     args = parser.parse_args()
     torch.set_num_threads(2)
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
     suite, model, tok = warm_start(p, args.cache)
-    curve = [{"round": 0, **heldout(model, tok, suite, p)}]
-    print(json.dumps({"round": 0, "heldout_success": curve[0]["success"]}), flush=True)
+
+    def evaluate(r: int) -> None:
+        curve.append({"round": r, **heldout(model, tok, suite, p)})
+        line = {"round": r, "heldout_success": curve[-1]["success"]}
+        if args.train_eval:
+            curve[-1]["train_success"] = line["train_success"] = heldout(
+                model, tok, suite, p, "train"
+            )["success"]
+        print(json.dumps(line), flush=True)
+
+    curve: list[dict] = []
+    evaluate(0)
     opt, rounds = make_optimizer(model, p.train), []
     for r in range(1, p.n_rounds + 1):
         rounds.append(rl_round(r, model, tok, suite, p, opt, args))
         print(json.dumps(rounds[-1]), flush=True)
         if r % args.eval_every == 0 or r == p.n_rounds:
-            curve.append({"round": r, **heldout(model, tok, suite, p)})
-            print(json.dumps({"round": r, "heldout_success": curve[-1]["success"]}), flush=True)
+            evaluate(r)
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()  # fmt: skip

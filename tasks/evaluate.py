@@ -26,7 +26,7 @@ from tasks.rollout import stage_of_model
 
 
 def run(params: Params, root: Path) -> dict:
-    from rollwise.evaluate.full import evaluate_policy, summarize
+    from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize
     from rollwise.evaluate.report import (
         COST_LABEL,
         markdown,
@@ -40,7 +40,7 @@ def run(params: Params, root: Path) -> dict:
 
     cfg = params.evaluate
     suite = load_suite(require(envs_dir(root), "generate"))
-    tasks = suite.split(cfg.split)[: cfg.max_tasks]
+    tasks = evaluation_tasks(suite, cfg.split, cfg.max_tasks)
     limits = Limits(
         max_turns=cfg.max_turns,
         max_new_tokens=cfg.max_new_tokens,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -19,6 +20,14 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def evaluation_tasks(suite, split: str, max_tasks: int) -> list[Task]:
+    """Up to `max_tasks` of a split, spread over every environment: ordered by a hash of the
+    task id (stable across runs and machines), not by environment, so a cap never means "the
+    first few environments only"."""
+    tasks = sorted(suite.split(split), key=lambda t: hashlib.sha256(t.task_id.encode()).hexdigest())
+    return tasks[:max_tasks]
 
 
 def evaluate_policy(backend, tokenizer, suite, tasks: list[Task], limits: Limits) -> pd.DataFrame:
