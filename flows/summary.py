@@ -61,8 +61,10 @@ def summary_table(root: Path, params: Params, wall_s: float | None = None) -> st
 
 NEXT_STEPS = """
 Where to look next:
-  data/eval/report.md, data/eval/per_round.png   the held-out report and plot
+  data/eval/report.md, data/eval/*.png           the held-out report and plots
+  data/eval/trajectories/                        sample episodes, readable
   dvc metrics show                               every stage's numbers
   make ui                                        Prefect UI (trigger runs), MLflow UI (compare)
+  .venv/bin/rollwise compare                     every run's params, success and spend, side by side
   mlflow ui --backend-store-uri sqlite:///mlflow.db   MLflow alone, on this run's store
 """

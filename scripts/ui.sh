@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make ui`: Prefect server + MLflow server on loopback, then serve the `pipeline` deployment.
+# `make ui`: Prefect server + MLflow server on loopback, then serve the `pipeline` and `evaluate`
+# deployments.
 # Ctrl-C stops all three. Logs: .rollwise/logs/. Ports: PREFECT_PORT (4200), MLFLOW_PORT (5000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,8 @@ wait_healthy mlflow "$MLFLOW_URL/health" "$STATE/logs/mlflow.log"
 
 export PREFECT_API_URL="$PREFECT_URL/api" MLFLOW_TRACKING_URI="$MLFLOW_URL"
 cat <<EOF
-Prefect UI: $PREFECT_URL   (run the 'pipeline' deployment from Deployments)
+Prefect UI: $PREFECT_URL   (Deployments: 'pipeline' runs everything, 'evaluate' evaluation alone;
+            each run is its own worktree under .rollwise/runs/, see README)
 MLflow UI:  $MLFLOW_URL   (experiment 'rollwise')
 Logs: $STATE/logs/   Ctrl-C stops everything.
 EOF
