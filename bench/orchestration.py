@@ -83,7 +83,9 @@ def project_copy(dest: Path) -> Path:
 def timed(cmd: list[str], cwd: Path, log: Path) -> float:
     t0 = time.perf_counter()
     with log.open("w") as fh:
-        code = subprocess.call(cmd, cwd=cwd, env={**ENV, "PYTHONPATH": str(cwd)}, stdout=fh,
+        # The copy's own code, not the editable install's: what was copied is what is timed.
+        path = f"{cwd}{os.pathsep}{cwd / 'src'}"
+        code = subprocess.call(cmd, cwd=cwd, env={**ENV, "PYTHONPATH": path}, stdout=fh,
                                stderr=subprocess.STDOUT)  # fmt: skip
     wall = time.perf_counter() - t0
     if code != 0:

@@ -214,8 +214,18 @@ def test_two_ui_runs_at_once(project: Path, prefect_server: str, mlflow_server: 
         wanted = ["evaluate ran; metrics"]
         logs = {name: wait_for_logs(api, run["id"], wanted) for name, run in runs.items()}
         task_runs = {name: task_runs_of(api, run["id"]) for name, run in runs.items()}
+        progress = {
+            name: api.post(
+                "/artifacts/filter",
+                json={"artifacts": {"flow_run_id": {"any_": [run["id"]]},
+                                    "type": {"any_": ["progress"]}}},
+            ).raise_for_status().json()
+            for name, run in runs.items()
+        }  # fmt: skip
 
     first, second = sorted(runs, key=lambda n: runs[n]["start_time"])
+    for name in runs:  # the UI's progress bar: one artifact per run, ending at 100%
+        assert [a["data"] for a in progress[name]] == [100.0], progress[name]
     for name in runs:
         assert [t["name"] for t in task_runs[name]] == stages
         assert {t["state"]["type"] for t in task_runs[name]} == {"COMPLETED"}
