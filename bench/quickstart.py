@@ -60,6 +60,7 @@ def run_seed(seed: int, work: Path) -> dict:
         "DVC_NO_ANALYTICS": "1",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": str(dest / "src"),  # the copy's code, not the editable install's
     }
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("MLFLOW_RUN_ID", None)
