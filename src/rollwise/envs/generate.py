@@ -273,13 +273,19 @@ def generate_environment(env_id: str, domain: str, cfg, rng: random.Random) -> t
 
 
 def generate_suite(cfg, out: Path) -> dict:
-    """Write the suite under `out` (catalog.parquet + one folder per env); returns counts."""
+    """Write the suite under `out` (catalog.parquet + one folder per env); returns counts.
+    With `cfg.custom`, the suite is the user's environment's tasks instead (envs/custom.py);
+    with some fault on, the audit table and the fault knobs are written too (envs/faults.py)."""
+    from rollwise.envs import faults
+    from rollwise.envs.custom import generate_custom
     from rollwise.envs.runtime import SyntheticEnv  # replay oracles through the real runtime
 
+    if cfg.custom:
+        return generate_custom(cfg, out)
     rng = random.Random(cfg.seed)
     domains = [cfg.domains[i % len(cfg.domains)] for i in range(cfg.n_envs)]
     heldout_envs = set(rng.sample(range(cfg.n_envs), cfg.heldout_envs))
-    rows, rejected = [], 0
+    rows, rejected, kept = [], 0, []
     for i, domain in enumerate(domains):
         env_id = f"{domain}_{i:03d}"
         state, drafts = generate_environment(env_id, domain, cfg, random.Random(rng.random()))
@@ -302,16 +308,26 @@ def generate_suite(cfg, out: Path) -> dict:
                 rejected += 1
         task_table(tasks).to_parquet(env_dir / "tasks.parquet")
         rows += [catalog_row(t, domain, i in heldout_envs) for t in tasks]
+        kept += tasks
     pd.DataFrame(rows).to_parquet(out / "catalog.parquet")
-    return {"envs": cfg.n_envs, "tasks": len(rows), "oracle_rejected": rejected}
+    counts = {"envs": cfg.n_envs, "tasks": len(rows), "oracle_rejected": rejected}
+    if cfg.faults.active:  # after oracle replay: faults never decide which tasks are kept
+        audit = faults.assign(kept, cfg.faults)
+        faults.write(out, cfg.faults, audit)
+        counts["unsolvable"] = sum(r["unsolvable"] for r in audit)
+    return counts
 
 
 def oracle_passes(env, task: Task) -> bool:
+    """Replay the oracle (turn by turn where the environment is multi-turn) and verify."""
     env.reset(task, seed=0)
-    calls = list(task.oracle)
-    if any(env.step(c).kind != "ok" for c in calls):
-        return False
-    return env.verify(task.answer, calls).success
+    turns = env.oracle_turns(task) if hasattr(env, "oracle_turns") else [list(task.oracle)]
+    for i, calls in enumerate(turns):
+        if i:
+            env.next_turn("")
+        if any(env.step(c).kind != "ok" for c in calls):
+            return False
+    return env.verify(task.answer, list(task.oracle)).success
 
 
 def task_table(tasks: list[Task]) -> pd.DataFrame:

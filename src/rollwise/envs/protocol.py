@@ -1,15 +1,24 @@
-"""The Environment contract (design.md §3). Bring your own by implementing it."""
+"""The Environment contract (design.md §3). Bring your own by implementing it and naming a
+zero-argument factory in params.yaml: `envs.custom: "package.module:factory"` (envs/custom.py,
+README "Bring your own environment").
+
+One departure from design.md §3: `verify` takes the final answer and the calls instead of an
+episode record; anything else it needs (the state above all) the environment keeps itself.
+Episodes run on shallow copies of one prototype (rollout/engine.py `clone_env`), so per-episode
+state must be created in `reset`, never shared through attributes set in `__init__`.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rollwise.types import Observation, Rubric, Task, ToolCall, ToolSpec
 
 
+@runtime_checkable
 class Environment(Protocol):
     def tools(self) -> list[ToolSpec]:
-        """The functions exposed to the policy."""
+        """The functions exposed to the policy (after `reset`: they may depend on the task)."""
 
     def reset(self, task: Task, seed: int) -> list[dict]:
         """Fresh state for `task`; returns the opening chat messages (system, user)."""
@@ -21,4 +30,26 @@ class Environment(Protocol):
         """Hash of the state the next action depends on (GiGPO anchors key on it)."""
 
     def verify(self, answer: str | None, calls: list[ToolCall]) -> Rubric:
-        """Score the episode from the state, not only the transcript."""
+        """Score the episode from the state, not only the transcript. The scores must include
+        the criteria of types.SUCCESS_CRITERIA."""
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """What a custom environment adds: its tasks (generation replays each oracle through it and
+    keeps the tasks whose oracle passes `verify`)."""
+
+    def tasks(self) -> list[Task]:
+        """Every task, each with an oracle call sequence and its env_id (a folder name)."""
+
+
+@runtime_checkable
+class MultiTurn(Protocol):
+    """An environment whose user speaks more than once (envs/bfcl.py)."""
+
+    def next_turn(self, answer: str | None) -> list[dict] | None:
+        """The user's next message(s) after the policy ended its turn with `answer` (a reply
+        without tool calls), or None when the conversation is over."""
+
+    def oracle_turns(self, task: Task) -> list[list[ToolCall]]:
+        """The task's oracle split by user turn."""

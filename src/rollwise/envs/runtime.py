@@ -1,20 +1,40 @@
-"""Executes tool calls against an environment's SQLite state. Errors become observations."""
+"""Executes tool calls against an environment's SQLite state. Errors become observations.
+
+Safety: a call's arguments are checked against its tool's JSON schema before a handler runs
+(envs/schema.py); SQL takes values only as parameters (table and column names come from the
+generator's domains, never from a call); and each episode's database lives in memory behind an
+authorizer that allows reading and updating its own tables and nothing else (no ATTACH, PRAGMA
+or schema change), so a call cannot reach anything outside its environment's state.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from rollwise.envs import rubric
-from rollwise.envs.generate import CANCELLED, DOMAINS, Domain, domain_tools, load_tasks
+from rollwise.envs import faults, rubric
+from rollwise.envs.custom import build_env
+from rollwise.envs.generate import (
+    CANCELLED,
+    CITIES,
+    DOMAINS,
+    NAMES,
+    Domain,
+    domain_tools,
+    load_tasks,
+)
+from rollwise.envs.schema import check_call
 from rollwise.types import Observation, Rubric, Task, ToolCall, ToolSpec
 
-JSON_TYPES = {"integer": int, "string": str}
+ALLOWED_SQL = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_TRANSACTION}
+TABLE_SQL = {sqlite3.SQLITE_READ, sqlite3.SQLITE_UPDATE}
+TRANSIENT = json.dumps({"error": "environment: temporarily unavailable, try again"})
 
 
 class ToolError(Exception):
@@ -24,7 +44,7 @@ class ToolError(Exception):
 class SyntheticEnv:
     """One generated environment: a fresh in-memory copy of its database per episode."""
 
-    def __init__(self, env_dir: Path):
+    def __init__(self, env_dir: Path, fault_plan: faults.FaultPlan | None = None):
         meta = json.loads((Path(env_dir) / "env.json").read_text())
         self.env_id: str = meta["env_id"]
         self.domain: Domain = DOMAINS[meta["domain"]]
@@ -38,15 +58,23 @@ class SyntheticEnv:
             f"get_{d.record}": "_get_record",
             f"cancel_{d.record}": "_cancel",
         }
+        self.tables = {f"{d.owner}s", f"{d.record}s"}
+        self.faults = fault_plan
+        self.withheld: str | None = None  # an unsolvable task's missing tool (set by reset)
         self.con: sqlite3.Connection | None = None
 
     def tools(self) -> list[ToolSpec]:
-        return list(self.specs.values())
+        return [t for t in self.specs.values() if t.name != self.withheld]
 
     def reset(self, task: Task, seed: int) -> list[dict]:
         self.con = sqlite3.connect(":memory:", check_same_thread=False)
         self.con.deserialize(self.state0)
-        self.task, self.call_kinds, self.last = task, [], ""
+        self.con.set_authorizer(self._authorize)
+        self.task, self.seed, self.call_kinds, self.last = task, seed, [], ""
+        self.verified, self.audit = 0, []  # audit: injected faults of this episode only
+        self.withheld = self.faults.withheld.get(task.task_id) if self.faults else None
+        if self.withheld:
+            self.note(-1, "withheld_tool", {"tool": self.withheld})
         self.rows_before = self.rows()
         system = f"You are the {self.domain.record} desk. Call tools, then reply with the answer."
         return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
@@ -56,6 +84,8 @@ class SyntheticEnv:
             obs = Observation(json.dumps(self.execute(call), separators=(",", ":")))
         except ToolError as e:
             obs = Observation(json.dumps({"error": str(e)}), "tool_error")
+        except faults.TransientFault:
+            obs = Observation(TRANSIENT, "env_error")
         except Exception as e:  # a broken environment is not the policy's fault
             obs = Observation(
                 json.dumps({"error": f"environment: {type(e).__name__}"}), "env_error"
@@ -70,7 +100,24 @@ class SyntheticEnv:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def verify(self, answer: str | None, calls: list[ToolCall]) -> Rubric:
-        return rubric.score(self.task, answer, self.rows_before, self.rows(), self.call_kinds)
+        scored = rubric.score(self.task, answer, self.rows_before, self.rows(), self.call_kinds)
+        if self.faults and self.faults.verifier_flip_q:
+            self.verified += 1  # each verification draws anew: re-verifying can disagree
+            if draw_for(self, "verify", self.verified) < self.faults.verifier_flip_q:
+                self.note(-1, "verdict_flip", {"success": scored.success})
+                return faults.flip(scored)
+        return scored
+
+    def note(self, step: int, fault: str, detail: dict) -> None:
+        """One audit row of this episode (envs/faults.py); the rollout may write them apart."""
+        row = [self.env_id, self.task.task_id, self.seed, step, fault, json.dumps(detail)]
+        self.audit.append(dict(zip(faults.EPISODE_AUDIT_COLUMNS, row, strict=True)))
+
+    def _authorize(self, action: int, arg1, arg2, db, source) -> int:
+        """Reads and updates of this environment's tables; nothing else."""
+        if action in ALLOWED_SQL or (action in TABLE_SQL and arg1 in self.tables):
+            return sqlite3.SQLITE_OK
+        return sqlite3.SQLITE_DENY
 
     # --- tool semantics -------------------------------------------------------------------
     def rows(self) -> dict[tuple, tuple]:
@@ -81,17 +128,34 @@ class SyntheticEnv:
         return out
 
     def execute(self, call: ToolCall) -> dict | list:
-        spec = self.specs.get(call.name)
-        if spec is None:
-            raise ToolError(f"unknown tool {call.name}")
-        (arg,) = spec.parameters["required"]
-        if not isinstance(call.arguments, dict) or set(call.arguments) != {arg}:
-            raise ToolError(f"{call.name} takes exactly one argument: {arg}")
-        value = call.arguments[arg]
-        typ = JSON_TYPES[spec.parameters["properties"][arg]["type"]]
-        if not isinstance(value, typ) or isinstance(value, bool):
-            raise ToolError(f"{arg} must be {spec.parameters['properties'][arg]['type']}")
-        return getattr(self, self.handlers[call.name])(value)
+        if error := check_call({t.name: t for t in self.tools()}, call.name, call.arguments):
+            raise ToolError(error)
+        handler = getattr(self, self.handlers[call.name])
+        (value,) = call.arguments.values()
+        return self.inject(handler, value) if self.faults else handler(value)
+
+    def inject(self, handler, value) -> dict | list:
+        """Run a valid call under the fault plan: it may fail before running, return a corrupted
+        result, or return a list in another order. Each injection is noted in the audit."""
+        step, plan = len(self.call_kinds), self.faults
+        if draw_for(self, "flaky", step) < plan.flaky_p:
+            if draw_for(self, "wrong", step) >= plan.flaky_wrong:
+                self.note(step, "flaky_error", {})
+                raise faults.TransientFault
+            true = handler(value)
+            wrong = faults.corrupt(true, rng_for(self, "corrupt", step), self.vocab())
+            self.note(step, "flaky_wrong", {"true": true})
+            return wrong
+        result = handler(value)
+        if isinstance(result, list) and len(result) > 1:
+            if draw_for(self, "stochastic", step) < plan.stochastic_p:
+                self.note(step, "stochastic", {"true": result})
+                return faults.rotate(result, rng_for(self, "rotate", step))
+        return result
+
+    def vocab(self) -> list[tuple[str, ...]]:
+        d = self.domain
+        return [tuple(NAMES), tuple(CITIES), d.items, (*d.statuses, CANCELLED)]
 
     def _one(self, sql: str, value) -> tuple:
         row = self.con.execute(sql, (value,)).fetchone()
@@ -147,14 +211,30 @@ class Suite:
         return [t for t in self.tasks.values() if t.split == name]
 
 
+def draw_for(env: SyntheticEnv, *what: object) -> float:
+    """The fault draw of this episode: (faults seed, task, episode seed, what)."""
+    return faults.draw(env.faults.seed, env.task.task_id, env.seed, *what)
+
+
+def rng_for(env: SyntheticEnv, *what: object) -> random.Random:
+    return random.Random("/".join(map(str, (env.faults.seed, env.task.task_id, env.seed, *what))))
+
+
 def load_suite(suite_dir: Path) -> Suite:
+    """The suite on disk: synthetic environments (with their fault plan, if any faults were
+    injected) or a user's environment named in each env.json (envs/custom.py)."""
     suite_dir = Path(suite_dir)
     catalog_path = suite_dir / "catalog.parquet"
     if not catalog_path.exists():
         raise FileNotFoundError(f"{catalog_path} is missing: run the `generate` stage first")
     catalog = pd.read_parquet(catalog_path)
-    envs, tasks = {}, {}
+    plan, envs, tasks, custom = faults.load(suite_dir), {}, {}, {}
     for env_id in catalog["env_id"].unique():
-        envs[env_id] = SyntheticEnv(suite_dir / env_id)
+        meta = json.loads((suite_dir / env_id / "env.json").read_text())
+        if "custom" in meta:  # one prototype per factory, shared by its env ids
+            path = meta["custom"]
+            envs[env_id] = custom[path] = custom.get(path) or build_env(path)
+        else:
+            envs[env_id] = SyntheticEnv(suite_dir / env_id, plan)
         tasks.update({t.task_id: t for t in load_tasks(suite_dir / env_id)})
     return Suite(catalog, tasks, envs)

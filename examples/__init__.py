@@ -1,0 +1,1 @@
+"""Worked examples (importable from the repo root: `examples.notes_env:make_env`)."""
