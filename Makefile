@@ -17,7 +17,7 @@ QUIET := PREFECT_HOME=$(STATE)/prefect \
 	HF_HUB_OFFLINE=1 \
 	RAY_AUTH_MODE=disabled
 
-.PHONY: venv run test ui bench clean distclean
+.PHONY: venv vllm-env run test ui bench clean distclean
 
 venv: $(STAMP)
 
@@ -28,6 +28,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -c constraints.txt -e '.[dev,ray]'
+	# BFCL's multi-turn API classes (envs/bfcl.py) need only mpmath; its own deps are heavy.
+	$(PY) -m pip install --no-deps -c constraints.txt bfcl-eval
+	touch $@
+
+# vLLM in its own venv: it pins torch and fastapi<0.137 while Prefect needs fastapi>=0.139
+# (stack-notes.md). `rollout.backend: vllm` starts `.venv-vllm/bin/vllm serve` on each round's
+# checkpoint. For a CUDA machine; downloads several GB.
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.33.0
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install vllm==$(VLLM_VERSION)
 	touch $@
 
 $(STATE)/tmp:
@@ -56,4 +72,4 @@ clean:
 
 # Also the venv and the local MLflow store.
 distclean: clean
-	rm -rf $(VENV) mlflow.db mlruns mlartifacts src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) mlflow.db mlruns mlartifacts src/*.egg-info

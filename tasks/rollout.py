@@ -27,6 +27,7 @@ from tasks.common import (
 
 
 def run(params: Params, root: Path, r: str) -> dict:
+    from rollwise.rollout.cost import episode_costs
     from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env
     from rollwise.rollout.executors import EXECUTORS
 
@@ -55,6 +56,7 @@ def run(params: Params, root: Path, r: str) -> dict:
         max_new_tokens=cfg.max_new_tokens,
         max_context=params.policy.max_context,
         temperature=cfg.temperature,
+        top_p=cfg.top_p,
         tool_timeout_s=cfg.tool_timeout_s,
         batch_size=cfg.batch_size,
         seed=seed,
@@ -62,7 +64,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     log(
         f"rollout@{r}",
         f"{len(plan)} tasks x {cfg.samples_per_task} samples, policy round {prev}, "
-        f"executor {cfg.executor}",
+        f"executor {cfg.executor}, backend {cfg.backend}",
     )
     episodes, steps = EXECUTORS[cfg.executor](
         specs,
@@ -73,6 +75,7 @@ def run(params: Params, root: Path, r: str) -> dict:
         load=lambda: load_checkpoint(policy_dir, stage_of_model(prev)),  # local: the loaded model
     )
     episodes = pd.DataFrame(episodes).assign(round=int(r), policy_version=int(prev))
+    episodes["cost"] = episode_costs(episodes, cfg.cost)
     with atomic_dir(round_dir(root, "rollouts", r)) as out:
         plan.assign(round=int(r)).to_parquet(out / "plan.parquet")
         episodes.to_parquet(out / "episodes.parquet")
@@ -86,7 +89,8 @@ def stage_of_model(r: str) -> str:
 
 
 def rollout_metrics(episodes: pd.DataFrame) -> dict:
-    """Per-round numbers for MLflow (step = round) and the summary table."""
+    """Per-round numbers for MLflow (step = round) and the summary table; `cost` is the
+    round's rollout cost (rollout/cost.py)."""
     group_std = episodes.groupby("group")["reward"].std(ddof=0)
     sums = episodes[
         [
@@ -104,6 +108,7 @@ def rollout_metrics(episodes: pd.DataFrame) -> dict:
         "success_rate": float(episodes["success"].mean()),
         "zero_variance_groups": float((group_std < 1e-9).mean()),
         **{k: int(v) for k, v in sums.items()},
+        "cost": float(episodes["cost"].sum()),
     }
 
 

@@ -71,7 +71,8 @@ def suite_tokenizer(suite):
 ERROR_WORDS = (
     "error unknown tool takes exactly one argument must be integer string not found: environment "
     "malformed tool call unbalanced tags not valid JSON expected name arguments must be an object "
-    "too many calls in one turn timed out reset failed"
+    "too many calls in one turn timed out reset failed after s busy an earlier has returned "
+    "run this"
 )
 
 

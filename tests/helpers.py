@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollwise.config import EnvsConfig, PolicyConfig
@@ -27,3 +32,55 @@ def suite_and_tokenizer(out: Path):
     make_suite(out)
     suite = load_suite(out)
     return suite, suite_tokenizer(suite)
+
+
+@dataclass(frozen=True)
+class ScriptedPolicy:
+    suite_dir: Path
+    policy_dir: Path
+    suite: object  # envs.runtime.Suite
+    tokenizer: object
+    model: object
+
+
+@functools.cache
+def scripted_policy(policy: PolicyConfig = TINY_POLICY) -> ScriptedPolicy:
+    """A tiny policy SFT'd (~10 s, once per test session and model config) on two scripts for
+    every train prompt: the task's own oracle, and one fixed turn (the first train task's first
+    oracle call, then its answer). Saved with its suite in a temp dir. Torn between the two, at
+    temperature 0.7 its multi-turn episodes mix valid calls (ok observations), calls the tool
+    rejects and malformed ones, and differ between samples: every engine path runs (fewer steps
+    or one script alone left it either babbling or deterministic). Shared: do not change it."""
+    import dataclasses
+
+    from rollwise.config import WarmstartConfig
+    from rollwise.envs.runtime import load_suite
+    from rollwise.policy.build import build_model, save_policy
+    from rollwise.train.sft import oracle_sequence, sft
+    from tasks.warmstart import suite_tokenizer
+
+    root = Path(tempfile.mkdtemp(prefix="rollwise-scripted-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    make_suite(root / "envs")
+    suite = load_suite(root / "envs")
+    tok = suite_tokenizer(suite)
+    model = build_model(tok, policy)
+    train = suite.split("train")
+    script = {"oracle": train[0].oracle[:1], "answer": train[0].answer}
+    demos = [
+        oracle_sequence(dataclasses.replace(t, **script), suite.envs[t.env_id], tok) for t in train
+    ] + [oracle_sequence(t, suite.envs[t.env_id], tok) for t in train]
+    sft(model, demos, WarmstartConfig(steps=150, batch_size=16, lr=0.02), tok.pad_token_id)
+    save_policy(model, tok, root / "round_00")
+    return ScriptedPolicy(root / "envs", root / "round_00", suite, tok, model.eval())
+
+
+def assert_same_episodes(a: list[dict], b: list[dict]) -> None:
+    """Episode rows equal field for field; log-probs to 1e-5 (batch shapes change float sums)."""
+    import torch
+
+    assert [e["episode_id"] for e in a] == [e["episode_id"] for e in b]
+    for x, y in zip(a, b, strict=True):
+        assert torch.allclose(torch.tensor(x["logprobs"]), torch.tensor(y["logprobs"]), atol=1e-5)
+        for key in x.keys() - {"logprobs", "wall_s"}:
+            assert x[key] == y[key], (x["episode_id"], key)

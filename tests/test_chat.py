@@ -222,7 +222,9 @@ class OracleBackend:
             for t in tasks
         }
 
-    def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None):
+    def generate(
+        self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None, top_p=1.0
+    ):
         from rollwise.policy.hf import Completion
 
         out = []
@@ -261,3 +263,8 @@ def test_engine_oracle_episode_masks_and_steps(suite_tok):
         assert [s["tool"] for s in mine] == [c.name for c in task.oracle]
         assert [[s["span_start"], s["span_end"]] for s in mine] == ep["turn_spans"][:-1]
         assert all(s["observation_kind"] == "ok" for s in mine)
+
+
+def test_a_huge_integer_is_a_malformed_call_not_a_crash():
+    text = '<tool_call>{"name": "get_owner", "arguments": {"id": ' + "9" * 5000 + "}}</tool_call>"
+    assert "not valid JSON" in parse_action(text).error

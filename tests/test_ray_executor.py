@@ -10,39 +10,21 @@ import sys
 import pytest
 import torch
 
-from rollwise.config import RolloutConfig, WarmstartConfig
+from rollwise.config import RolloutConfig
 from rollwise.policy.hf import HFBackend, RowSampler
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env
 from rollwise.rollout.executors import EXECUTORS, shards
-from tests.helpers import TINY_POLICY, make_suite
+from tests.helpers import assert_same_episodes, scripted_policy
 
 LIMITS = Limits(max_turns=3, max_new_tokens=48, max_context=384, temperature=0.7, seed=7)
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory):
-    """(suite_dir, policy_dir, suite, tokenizer, model): a tiny policy SFT'd (~6 s) to near-memory
-    of one scripted turn (the first train task's first oracle call, then its answer) on every
-    prompt. At temperature 0.7 its episodes mix valid calls (ok observations, step rows), wrong
-    calls and malformed ones, and differ between samples: every engine path runs."""
-    from rollwise.envs.runtime import load_suite
-    from rollwise.policy.build import build_model, save_policy
-    from rollwise.train.sft import oracle_sequence, sft
-    from tasks.warmstart import suite_tokenizer
-
-    root = tmp_path_factory.mktemp("ray")
-    make_suite(root / "envs")
-    suite = load_suite(root / "envs")
-    tok = suite_tokenizer(suite)
-    model = build_model(tok, TINY_POLICY)
-    train = suite.split("train")
-    script = {"oracle": train[0].oracle[:1], "answer": train[0].answer}
-    demos = [
-        oracle_sequence(dataclasses.replace(t, **script), suite.envs[t.env_id], tok) for t in train
-    ]
-    sft(model, demos, WarmstartConfig(steps=80, batch_size=16, lr=0.02), tok.pad_token_id)
-    save_policy(model, tok, root / "round_00")
-    return root / "envs", root / "round_00", suite, tok, model
+def policy():
+    """(suite_dir, policy_dir, suite, tokenizer, model) of the session's scripted policy
+    (tests/helpers.py): its episodes mix valid, wrong and malformed calls."""
+    p = scripted_policy()
+    return p.suite_dir, p.policy_dir, p.suite, p.tokenizer, p.model
 
 
 def plan(suite, n_tasks: int = 8, samples: int = 2) -> list[EpisodeSpec]:
@@ -64,14 +46,6 @@ def ragged_prompts(suite, tok, n: int) -> list[list[int]]:
         ids = prompt_ids(tok, env.reset(t, 0), env.tools())
         out.append(ids[: len(ids) - 5 * i])  # different lengths: different left padding
     return out
-
-
-def assert_same_episodes(a: list[dict], b: list[dict]) -> None:
-    assert [e["episode_id"] for e in a] == [e["episode_id"] for e in b]
-    for x, y in zip(a, b, strict=True):
-        assert torch.allclose(torch.tensor(x["logprobs"]), torch.tensor(y["logprobs"]), atol=1e-5)
-        for key in x.keys() - {"logprobs", "wall_s"}:
-            assert x[key] == y[key], (x["episode_id"], key)
 
 
 # ---------------------------------------------------------------------------- sampling

@@ -15,8 +15,25 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FaultsConfig(Section):
+    """Injected faults for testing the curator (envs/faults.py). All off by default; when off the
+    suite is byte-identical to one generated without this section. What was injected goes only to
+    data/envs/audit.parquet and per-episode audit rows, never to the catalog."""
+
+    seed: int = 0
+    flaky_p: float = Field(0.0, ge=0, le=1)  # per valid call: fails or returns a wrong value
+    flaky_wrong: float = Field(0.5, ge=0, le=1)  # share of flaky calls that return a wrong value
+    verifier_flip_q: float = Field(0.0, ge=0, le=1)  # per verification: the verdict flips
+    unsolvable_frac: float = Field(0.0, ge=0, le=1)  # per task: a tool its oracle needs is withheld
+    stochastic_p: float = Field(0.0, ge=0, le=1)  # per list result: returned in another order
+
+    @property
+    def active(self) -> bool:
+        return any((self.flaky_p, self.verifier_flip_q, self.unsolvable_frac, self.stochastic_p))
+
+
 class EnvsConfig(Section):
-    """The synthetic suite (envs/generate.py)."""
+    """The synthetic suite (envs/generate.py), or a user's environment (`custom`)."""
 
     seed: int = 0
     n_envs: int = Field(12, ge=1)
@@ -27,6 +44,10 @@ class EnvsConfig(Section):
     heldout_envs: int = Field(2, ge=0)
     heldout_task_frac: float = Field(0.2, ge=0, le=1)
     task_kinds: list[str] = ["city_by_id", "city_by_name", "count", "status", "amount", "cancel"]
+    # "package.module:factory": a zero-argument callable returning an Environment that also lists
+    # its tasks (envs/protocol.py); replaces the synthetic suite. null: the synthetic suite.
+    custom: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    faults: FaultsConfig = FaultsConfig()
 
 
 class PolicyConfig(Section):
@@ -57,9 +78,20 @@ class ScheduleConfig(Section):
     seed: int = 0
 
 
+class CostConfig(Section):
+    """Prices that turn an episode's cost columns into one figure (rollout/cost.py), in any one
+    currency; the defaults price tokens like a small hosted model, in US dollars."""
+
+    per_1k_prompt_tokens: float = Field(0.00015, ge=0)  # prompt and observation tokens
+    per_1k_generated_tokens: float = Field(0.0006, ge=0)
+    per_tool_call: float = Field(0.0001, ge=0)
+    per_verifier_call: float = Field(0.001, ge=0)
+
+
 class RolloutConfig(Section):
     samples_per_task: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)  # nucleus; < 1: rollout log-probs are of the cut dist.
     max_turns: int = Field(6, ge=1)
     max_new_tokens: int = Field(48, ge=1)
     batch_size: int = Field(256, ge=1)
@@ -68,6 +100,9 @@ class RolloutConfig(Section):
     executor: Literal["local", "ray"] = "local"  # rollout/executors.py: same episodes either way
     ray_address: str | None = None  # null: $RAY_ADDRESS if set, else start a local Ray
     workers: int = Field(2, ge=1)  # Ray workers (one policy replica and one CPU each)
+    backend: Literal["hf", "vllm"] = "hf"  # policy/backends.py: same contract either way
+    vllm_url: str | None = None  # a server already on this round's checkpoint; null: start one
+    cost: CostConfig = CostConfig()
 
 
 class CurateConfig(Section):
@@ -168,17 +203,13 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
         if dotted == "rounds" and isinstance(value, int):
             value = rounds_dict(value)
         *parents, leaf = dotted.split(".")
-        node = out
-        for i, key in enumerate(parents):
-            if key not in Params.model_fields and i == 0:
+        node, model = out, Params  # walk nested sections too (`envs.faults.flaky_p`)
+        for key in parents:
+            sub = getattr(model.model_fields.get(key), "annotation", None)
+            if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
                 raise ParamsError(f"override {dotted}: unknown section {key!r}")
-            node = node.setdefault(key, {})
-        fields = (
-            Params.model_fields[parents[0]].annotation.model_fields
-            if parents
-            else Params.model_fields
-        )
-        if leaf not in fields:
+            node, model = node.setdefault(key, {}), sub
+        if leaf not in model.model_fields:
             raise ParamsError(f"override {dotted}: unknown key {leaf!r}")
         node[leaf] = value
     validate(out, "overrides")

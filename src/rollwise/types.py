@@ -110,6 +110,7 @@ EPISODE_COLUMNS = [
     "env_errors",
     "verifier_calls",
     "wall_s",
+    "cost",  # the cost columns priced by params rollout.cost (rollout/cost.py)
 ]
 STEP_COLUMNS = [
     "episode_id",

@@ -39,7 +39,7 @@ def parse_action(text: str, eos: str = "<|im_end|>") -> Action:
     for body in bodies:
         try:
             obj = json.loads(body)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, and ints past 4300 digits
             return Action(error="malformed tool call: not valid JSON")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return Action(error='malformed tool call: expected {"name": ..., "arguments": {...}}')

@@ -3,7 +3,13 @@
 Sampling is per row: each prompt brings its own seed, and its tokens are drawn by inverse-CDF
 sampling from uniforms of its own generator. A row's sample then depends only on its own prompt
 and seed, never on which other prompts share its batch, so a plan sharded over workers (or
-batched differently) samples the same episodes."""
+batched differently) samples the same episodes.
+
+The distribution sampled from is softmax(logits / T) cut to its top-p nucleus and renormalized
+(`sampling_logprobs`), and every returned log-prob is the sampled token's log-prob under exactly
+that distribution (vLLM's `--logprobs-mode processed_logprobs` means the same). With top_p = 1
+(the default) this is the tempered softmax the trainer recomputes; with top_p < 1 the trainer must
+score through `sampling_logprobs` too, or PPO's ratio starts below 1 on every token."""
 
 from __future__ import annotations
 
@@ -21,19 +27,57 @@ class Completion:
     stopped: bool  # ended on the stop token (else hit the token limit)
 
 
-class RowSampler(LogitsProcessor):
-    """Draws each row's next token from softmax(logits / T) with that row's next uniform, and
-    returns a one-hot score so greedy search keeps it (model.generate keeps the KV cache)."""
+def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[..., V] mask of the top-p nucleus: token j is kept when the tokens strictly more likely
+    than j hold less than top_p of the mass (so the top token always; ties kept together)."""
+    probs = logp.exp()  # [..., V]
+    ranked = probs.sort(dim=-1, descending=True).values  # [..., V]
+    before = ranked.cumsum(dim=-1) - ranked  # [..., V] mass ranked above each slot
+    kept = (before < top_p).sum(dim=-1, keepdim=True)  # [..., 1] at least 1
+    return probs >= ranked.gather(-1, kept - 1)  # [..., V]
 
-    def __init__(self, uniforms: torch.Tensor, temperature: float, prompt_width: int):
-        self.uniforms, self.temperature, self.width = uniforms, temperature, prompt_width
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """[..., V] log-probs of the distribution a row samples from: the tempered softmax, cut to
+    its top-p nucleus and renormalized (tokens outside it get -inf)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [..., V]
+    if top_p >= 1.0:
+        return logp
+    cut = logp.masked_fill(~nucleus(logp, top_p), float("-inf"))  # [..., V]
+    return torch.log_softmax(cut, dim=-1)  # [..., V]
+
+
+class RowSampler(LogitsProcessor):
+    """Picks each row's next token (inverse CDF with that row's next uniform; argmax when
+    `uniforms` is None) and records its log-prob under the distribution it was picked from.
+    Returns a one-hot score so greedy search keeps the pick (model.generate keeps the KV cache)."""
+
+    def __init__(
+        self,
+        uniforms: torch.Tensor | None,
+        temperature: float,
+        prompt_width: int,
+        top_p: float = 1.0,
+    ):
+        self.uniforms, self.temperature, self.width, self.top_p = (
+            uniforms,
+            temperature,
+            prompt_width,
+            top_p,
+        )
+        self.logps: list[torch.Tensor] = []  # one [B] tensor per generated position
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        k = input_ids.shape[1] - self.width  # tokens generated so far
-        probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # [B, V]
-        cdf = probs.cumsum(dim=-1)  # [B, V]
-        u = self.uniforms[:, k : k + 1] * cdf[:, -1:]  # [B, 1]
-        pick = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)  # [B, 1]
+        if self.uniforms is None:  # greedy: the untempered distribution, its mode
+            logp = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
+            pick = logp.argmax(dim=-1, keepdim=True)  # [B, 1]
+        else:
+            k = input_ids.shape[1] - self.width  # tokens generated so far
+            logp = sampling_logprobs(scores, self.temperature, self.top_p)  # [B, V]
+            cdf = logp.exp().cumsum(dim=-1)  # [B, V]
+            u = self.uniforms[:, k : k + 1] * cdf[:, -1:]  # [B, 1]
+            pick = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)  # [B, 1]
+        self.logps.append(logp.gather(-1, pick)[:, 0])  # [B]
         return torch.full_like(scores, float("-inf")).scatter_(-1, pick, 0.0)  # [B, V]
 
 
@@ -66,6 +110,7 @@ class HFBackend:
         temperature: float = 1.0,
         greedy: bool = False,
         seed: int | Sequence[int] | None = None,
+        top_p: float = 1.0,
     ) -> list[Completion]:
         """Sample (or greedily decode) up to `max_new_tokens` per prompt. Pass one seed per
         prompt for samples that do not depend on the batch (see the module docstring)."""
@@ -75,27 +120,23 @@ class HFBackend:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
-        processors = LogitsProcessorList()
-        if not greedy:
-            uniforms = row_uniforms(seed, len(prompts), max_new_tokens)  # [B, N]
-            processors.append(RowSampler(uniforms.to(self.model.device), temperature, width))
+        uniforms = None if greedy else row_uniforms(seed, len(prompts), max_new_tokens)  # [B, N]
+        device = self.model.device
+        sampler = RowSampler(
+            None if uniforms is None else uniforms.to(device), temperature, width, top_p
+        )
         out = self.model.generate(
-            input_ids=input_ids.to(self.model.device),
-            attention_mask=attention.to(self.model.device),
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
             max_new_tokens=max_new_tokens,
             do_sample=False,  # RowSampler has already chosen: greedy search keeps its pick
-            logits_processor=processors,
+            repetition_penalty=1.0,  # no checkpoint default reshapes the distribution first
+            logits_processor=LogitsProcessorList([sampler]),
             eos_token_id=self.stop_id,
             pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
         )
-        new = out.sequences[:, width:]  # [B, N]
-        logits = torch.stack(out.logits, dim=1).float()  # [B, N, V] raw, before RowSampler
-        scale = 1.0 if greedy else temperature
-        logp = torch.log_softmax(logits / scale, dim=-1)  # [B, N, V]
-        picked = logp.gather(-1, new.unsqueeze(-1))[..., 0].cpu()  # [B, N]
-        new = new.cpu()  # [B, N]
+        new = out[:, width:].cpu()  # [B, N]
+        picked = torch.stack(sampler.logps, dim=1).cpu()  # [B, N]
         return [self._cut(new[i].tolist(), picked[i].tolist()) for i in range(len(prompts))]
 
     def _cut(self, ids: list[int], logps: list[float]) -> Completion:

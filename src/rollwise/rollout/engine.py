@@ -1,7 +1,19 @@
 """The one batched multi-turn loop. All live episodes advance together; finished ones leave.
 
 Each episode's sequence is built token-in, token-out: the prompt is tokenized once, then each
-turn appends exactly the generated ids (loss mask 1) and the observation ids (mask 0).
+turn appends exactly the generated ids (loss mask 1) and the observation ids (mask 0); the
+conversation is never re-tokenized. A turn ends on the stop token (`<|im_end|>`, which closes a
+tool-call turn and an answer alike) or at its token room.
+
+How an episode ends (its `termination`):
+  answer      the policy answered (a turn without tool calls)
+  max_turns   `max_turns` turns taken without an answer
+  max_tokens  a turn ran out of `max_new_tokens` before its stop token
+  context     the sequence reached `max_context`: no room for the next token or observation
+  env_error   the environment failed where no observation can stand in (reset, verify, or a
+              hung call still holding the state at the end)
+Tool calls that raise or overrun `tool_timeout_s` do not end the episode: they become
+observations of kind `env_error` and the policy takes its next turn.
 
 An episode's result does not depend on the batch it runs in: each turn samples with the
 episode's own seed (`turn_seed`) and its own token room, so any sharding or batch size of the
@@ -13,9 +25,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids
@@ -28,8 +40,9 @@ class Limits:
     max_new_tokens: int = 48
     max_context: int = 512
     temperature: float = 1.0
+    top_p: float = 1.0
     greedy: bool = False
-    tool_timeout_s: float = 5.0
+    tool_timeout_s: float = 5.0  # per call
     batch_size: int = 256
     seed: int = 0
 
@@ -60,6 +73,7 @@ class Live:
     env_errors: int = 0
     t0: float = 0.0
     wall_s: float = 0.0
+    hung: threading.Thread | None = None  # a tool call that overran and may still touch state
 
     def extend(self, ids: list[int], logprobs: list[float] | None, policy: bool) -> None:
         self.ids += ids
@@ -70,9 +84,12 @@ class Live:
         self.termination, self.wall_s = reason, time.perf_counter() - self.t0
 
 
+TOOL_WORKERS = 32  # episodes whose calls run at once; mostly waiting (I/O, timeouts), not CPU
+
+
 def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -> tuple[list, list]:
     """Roll out every spec to an answer or a limit; returns (episode rows, step rows)."""
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=TOOL_WORKERS) as pool:
         live = [start(s, tokenizer) for s in specs]
         for _ in range(limits.max_turns):
             active = [e for e in live if e.termination is None]
@@ -84,7 +101,7 @@ def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -
         for e in live:
             if e.termination is None:
                 e.end("max_turns")
-        return [finish(e) for e in live], [s for e in live for s in e.steps]
+        return [finish(e, limits) for e in live], [s for e in live for s in e.steps]
 
 
 def start(spec: EpisodeSpec, tokenizer) -> Live:
@@ -136,6 +153,7 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
         limits.temperature,
         greedy=limits.greedy,
         seed=[turn_seed(e, limits.seed) for e in chunk],
+        top_p=limits.top_p,
     )
     pending = []
     for e, out, n in zip(chunk, outs, rooms, strict=True):
@@ -143,8 +161,8 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
         span = [len(e.ids), len(e.ids) + len(ids)]
         e.extend(ids, logprobs, policy=True)
         e.turn_spans.append(span)
-        if not stopped:
-            e.end("max_tokens")
+        if not stopped:  # cut by its room: the context's if that was the tighter limit
+            e.end("context" if len(e.ids) >= limits.max_context else "max_tokens")
             continue
         action = parse_action(tokenizer.decode(ids, skip_special_tokens=False))
         if action.answer is not None:
@@ -152,38 +170,68 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
             e.end("answer")
         elif action.error is not None:
             e.tool_errors += 1
-            observe(e, [Observation(json.dumps({"error": action.error}), "tool_error")], tokenizer)
+            error = Observation(json.dumps({"error": action.error}), "tool_error")
+            observe(e, [error], tokenizer, limits)
         else:
-            pending.append(
-                (e, span, len(action.calls), pool.submit(execute, e.spec.env, action.calls))
-            )
-    for e, span, n_calls, future in pending:
-        try:
-            results = future.result(timeout=limits.tool_timeout_s * n_calls)
-        except FutureTimeout:
-            e.env_errors += 1
-            e.answer = None
-            e.end("env_error")  # the hung call may still hold the state: stop this episode
-            continue
+            args = (e.spec.env, action.calls, limits.tool_timeout_s, e.hung)
+            pending.append((e, span, pool.submit(execute, *args)))
+    for e, span, future in pending:  # each bounded by its own per-call deadlines
+        results, e.hung = future.result()
         for call, obs, before, after in results:
             record_step(e, call, obs, before, after, span)
-        observe(e, [r[1] for r in results], tokenizer)
+        observe(e, [r[1] for r in results], tokenizer, limits)
 
 
-def execute(env, calls: list[ToolCall]) -> list[tuple]:
-    """Run one episode's calls in order (they may depend on each other's state)."""
+def env_error(message: str) -> Observation:
+    return Observation(json.dumps({"error": f"environment: {message}"}), "env_error")
+
+
+def execute(
+    env, calls: list[ToolCall], timeout_s: float, hung: threading.Thread | None = None
+) -> tuple[list[tuple], threading.Thread | None]:
+    """Run one episode's calls in order (they may depend on each other's state), each with its
+    own deadline; returns ((call, observation, state before, state after) per call, the call
+    left running if one overran). A call that overruns becomes an env_error observation and the
+    calls after it are not run: they would race it for the state. Likewise while an earlier
+    turn's overrunning call is still running."""
+    if hung is not None:
+        hung.join(timeout_s)
+        if hung.is_alive():
+            busy = env_error("busy: an earlier call has not returned")
+            return [(c, busy, "unavailable", "unavailable") for c in calls], hung
     out, before = [], safe_fingerprint(env)
-    for call in calls:
-        try:
-            obs = env.step(call)
-        except Exception as exc:  # the protocol says errors are observations; enforce it
-            obs = Observation(
-                json.dumps({"error": f"environment: {type(exc).__name__}"}), "env_error"
-            )
+    for i, call in enumerate(calls):
+        obs, running = timed_step(env, call, timeout_s)
+        if running is not None:
+            skipped = env_error("not run: an earlier call in this turn timed out")
+            out.append((call, obs, before, "unavailable"))
+            out += [(c, skipped, "unavailable", "unavailable") for c in calls[i + 1 :]]
+            return out, running
         after = safe_fingerprint(env)  # also the next call's "before": hashed once
         out.append((call, obs, before, after))
         before = after
-    return out
+    return out, None
+
+
+def timed_step(
+    env, call: ToolCall, timeout_s: float
+) -> tuple[Observation, threading.Thread | None]:
+    """env.step on its own thread, waited for at most timeout_s: (observation, None), or a
+    timeout observation and the thread still running (Python cannot stop it)."""
+    box: list[Observation] = []
+    worker = threading.Thread(target=lambda: box.append(safe_step(env, call)), daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return env_error(f"{call.name} timed out after {timeout_s:g} s"), worker
+    return box[0], None
+
+
+def safe_step(env, call: ToolCall) -> Observation:
+    try:
+        return env.step(call)
+    except Exception as exc:  # the protocol says errors are observations; enforce it
+        return env_error(type(exc).__name__)
 
 
 def safe_fingerprint(env) -> str:
@@ -213,14 +261,24 @@ def record_step(e: Live, call: ToolCall, obs: Observation, before: str, after: s
     )
 
 
-def observe(e: Live, observations: list[Observation], tokenizer) -> None:
-    e.extend(encode(tokenizer, observation_text(observations)), None, policy=False)
+def observe(e: Live, observations: list[Observation], tokenizer, limits: Limits) -> None:
+    """Append the observation tokens, or end the episode if they leave no room for a turn."""
+    ids = encode(tokenizer, observation_text(observations))
+    if len(e.ids) + len(ids) + 1 >= limits.max_context:
+        e.end("context")
+        return
+    e.extend(ids, None, policy=False)
 
 
-def finish(e: Live) -> dict:
+def finish(e: Live, limits: Limits) -> dict:
     """Verify and flatten into an episode row (design.md §2 columns)."""
     rubric, verifier_calls = None, 0
-    if e.prompt_len:  # reset succeeded
+    if e.hung is not None:
+        e.hung.join(limits.tool_timeout_s)
+    if e.hung is not None and e.hung.is_alive():  # the state may still change: no verdict
+        e.env_errors += 1
+        e.termination = "env_error"
+    elif e.prompt_len:  # reset succeeded
         try:
             rubric, verifier_calls = e.spec.env.verify(e.answer, e.calls), 1
         except Exception:

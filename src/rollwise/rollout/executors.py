@@ -4,7 +4,8 @@ for episode: sampling is seeded per episode and turn (engine.turn_seed, policy/h
 plan is split or batched changes no episode.
 
 One signature, one dispatch dict: EXECUTORS[name](specs, policy_dir, suite_dir, limits, cfg,
-load=None) -> (episode rows, step rows). Ray is imported only inside the ray executor (the `ray`
+load=None) -> (episode rows, step rows). Either runs on either backend (policy/backends.py); with
+`vllm`, Ray workers share the one server. Ray is imported only inside the ray executor (the `ray`
 extra).
 """
 
@@ -31,11 +32,10 @@ def run_local(
 ) -> Rows:
     """The whole plan in this process, on the caller's specs (their envs are used as given).
     `load` returns (model, tokenizer) of policy_dir, e.g. from the caller's cache."""
-    from rollwise.policy.build import load_policy
-    from rollwise.policy.hf import HFBackend
+    from rollwise.policy.backends import BACKENDS
 
-    model, tokenizer = load() if load else load_policy(Path(policy_dir))
-    return run_episodes(specs, HFBackend(model, tokenizer), tokenizer, limits)
+    with BACKENDS[cfg.backend](Path(policy_dir), cfg, load) as (backend, tokenizer):
+        return run_episodes(specs, backend, tokenizer, limits)
 
 
 def spec_row(spec: EpisodeSpec) -> dict:
@@ -50,19 +50,27 @@ def spec_row(spec: EpisodeSpec) -> dict:
 
 
 class RolloutWorker:
-    """One policy replica and one copy of the suite, loaded once, that runs shards of a plan.
-    A plain class: the ray executor wraps it with `ray.remote`; tests may call it directly."""
+    """One policy replica (or a client of the vLLM server at `vllm_url`) and one copy of the
+    suite, loaded once, that runs shards of a plan. A plain class: the ray executor wraps it
+    with `ray.remote`; tests may call it directly."""
 
-    def __init__(self, policy_dir: str, suite_dir: str, threads: int = 1):
+    def __init__(
+        self, policy_dir: str, suite_dir: str, threads: int = 1, vllm_url: str | None = None
+    ):
         import torch
 
         from rollwise.envs.runtime import load_suite
-        from rollwise.policy.build import load_policy
+        from rollwise.policy.build import load_policy, load_tokenizer
         from rollwise.policy.hf import HFBackend
+        from rollwise.policy.vllm import VLLMBackend
 
         torch.set_num_threads(threads)  # one per worker: workers share the machine's cores
-        model, self.tokenizer = load_policy(Path(policy_dir))
-        self.backend = HFBackend(model, self.tokenizer)
+        if vllm_url:
+            self.tokenizer = load_tokenizer(Path(policy_dir))
+            self.backend = VLLMBackend(vllm_url, self.tokenizer.eos_token_id)
+        else:
+            model, self.tokenizer = load_policy(Path(policy_dir))
+            self.backend = HFBackend(model, self.tokenizer)
         self.suite = load_suite(Path(suite_dir))
 
     def run(self, rows: list[dict], limits: Limits) -> Rows:
@@ -95,16 +103,21 @@ def run_ray(
     """`cfg.workers` actors, each loading the checkpoint and the suite (same paths on every node:
     a local Ray or a shared filesystem), each running one contiguous shard; merged in plan order.
     Episodes are rebuilt from the suite as clone_env(suite.envs[task.env_id]). `load` is unused:
-    the driver never needs the model."""
+    the driver never needs the model. With the vllm backend every worker talks to one server
+    (`cfg.vllm_url`, or one the driver starts on the checkpoint)."""
     import ray
+
+    from rollwise.policy.vllm import endpoint
 
     parts = shards([spec_row(s) for s in specs], cfg.workers)
     if not parts:
         return [], []
-    with ray_session(cfg.ray_address, cfg.workers):
+    vllm = cfg.backend == "vllm"
+    server = endpoint(Path(policy_dir), cfg.vllm_url) if vllm else contextlib.nullcontext()
+    with ray_session(cfg.ray_address, cfg.workers), server as url:
         actor = ray.remote(num_cpus=1)(RolloutWorker)
         paths = str(Path(policy_dir).resolve()), str(Path(suite_dir).resolve())
-        workers = [actor.remote(*paths) for _ in parts]
+        workers = [actor.remote(*paths, vllm_url=url) for _ in parts]
         try:
             results = ray.get(
                 [w.run.remote(p, limits) for w, p in zip(workers, parts, strict=True)]
