@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -74,7 +75,7 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     }
     for module, names in optional.items():
         with contextlib.suppress(ImportError):
-            mod = __import__(module, fromlist=list(names))
+            mod = importlib.import_module(module)
             types += [getattr(mod, n) for n in names if hasattr(mod, n)]
     return tuple(types)
 
