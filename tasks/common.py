@@ -46,8 +46,9 @@ def require(path: Path, stage: str) -> Path:
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Write a stage output into a sibling temp folder, then rename: never a partial output."""
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a killed writer's leftovers
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
@@ -60,6 +61,8 @@ def atomic_dir(path: Path) -> Iterator[Path]:
 
 def write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a killed writer's leftovers
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=1, default=float))
     os.replace(tmp, path)
