@@ -43,6 +43,28 @@ def require(path: Path, stage: str) -> Path:
     return path
 
 
+class CorruptArtifact(ValueError):
+    """An input another stage wrote is there but unreadable (truncated, overwritten, bit rot)."""
+
+
+def corrupt(path: Path, stage: str, error: BaseException) -> CorruptArtifact:
+    return CorruptArtifact(
+        f"{path} is unreadable ({type(error).__name__}: {error}); it is written by the "
+        f"`{stage}` stage: rerun it with `dvc repro -f -s {stage}`"
+    )
+
+
+def read_table(path: Path, stage: str):
+    """A parquet output of `stage`: missing or corrupted, the error names the file and stage."""
+    import pandas as pd
+
+    require(path, stage)
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise corrupt(path, stage, e) from e
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Write a stage output into a sibling temp folder, then rename: never a partial output."""
@@ -92,7 +114,10 @@ def load_checkpoint(folder: Path, stage: str, take: bool = False):
     if _LOADED.get("key") == key and _LOADED.get("stamp") == _stamp(folder):
         model, tokenizer = _LOADED["model"], _LOADED["tokenizer"]
     else:
-        model, tokenizer = load_policy(folder)
+        try:
+            model, tokenizer = load_policy(folder)
+        except Exception as e:  # safetensors/json/tokenizer errors of a damaged checkpoint
+            raise corrupt(folder, stage, e) from e
     if take:
         _LOADED.clear()
     else:
@@ -164,7 +189,7 @@ def stage_main(stage: str, run, with_round: bool = False) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("ROLLWISE_TORCH_THREADS", "1"))
     try:
         metrics = timed_stage(stage, run, params, args.root, args.round if with_round else None)
-    except MissingUpstream as e:
+    except (MissingUpstream, CorruptArtifact) as e:
         sys.exit(f"error: {e}")
     name = f"{stage}@{args.round}" if with_round else stage
     log(name, f"done in {metrics['wall_s']:.1f}s")

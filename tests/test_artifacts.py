@@ -1,0 +1,39 @@
+"""Damaged or missing stage outputs fail with the file and the stage that writes it named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tasks.common import CorruptArtifact, MissingUpstream, load_checkpoint, read_table
+from tests.helpers import TINY_POLICY
+
+
+def test_a_truncated_parquet_names_file_and_stage(tmp_path: Path):
+    path = tmp_path / "episodes.parquet"
+    pd.DataFrame({"a": range(100), "b": ["x"] * 100}).to_parquet(path)
+    assert len(read_table(path, "rollout@01")) == 100
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CorruptArtifact, match="episodes.parquet.*rollout@01.*dvc repro -f -s"):
+        read_table(path, "rollout@01")
+
+
+def test_a_missing_table_names_the_stage(tmp_path: Path):
+    with pytest.raises(MissingUpstream, match="written by the `credit@02` stage"):
+        read_table(tmp_path / "advantages.parquet", "credit@02")
+
+
+def test_a_damaged_checkpoint_names_folder_and_stage(tmp_path: Path):
+    from rollwise.policy.build import build_model, save_policy, train_tokenizer
+
+    tok = train_tokenizer(["the answer is paris"])
+    folder = tmp_path / "round_01"
+    save_policy(build_model(tok, TINY_POLICY), tok, folder)
+    model, _ = load_checkpoint(folder, "train@01", take=True)
+    assert model.config.hidden_size == TINY_POLICY.hidden
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"\x00garbage" + weights.read_bytes()[:64])
+    with pytest.raises(CorruptArtifact, match="round_01.*train@01"):
+        load_checkpoint(folder, "train@01")
