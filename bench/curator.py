@@ -1,0 +1,350 @@
+"""GEPA-Curator bench: does attribution find the injected non-policy failures, what does it
+spend, and does curating change held-out success at the same rollout budget?
+
+One process, no orchestration. A clean suite and, per seed, the same suite with faults
+injected (about 15% of failed episodes hit by a failure-relevant fault; the faults seed is
+the bench seed). One warm start (SFT on the clean suite's oracles, cached) is shared by three
+arms per seed, each given the same plan, rounds and rollouts:
+  clean      no faults, curated (its drops are false positives: the 0% suite)
+  uncurated  faults, every episode trains
+  curated    faults, non-policy episodes dropped (params `curate`)
+after which held-out success is measured greedily on the clean suite's held-out tasks.
+
+Ground truth comes from each episode's audit rows (the environment's record of what it
+injected), read here by the bench only. A failed episode is a non-policy failure when a
+withheld tool, a verdict flip, or a flaky call (an environment error or a wrong value)
+touched it; list reorders alone do not count (the items and the answer are the same).
+Precision and recall are over failed episodes, pooled over seeds and rounds of the curated arm.
+
+    .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] \
+        [--eval-tasks 96] [--sft-steps 400] [--out bench/results/curator.json] [key=value ...]
+
+The warm start and the suites are cached under .rollwise/bench/curator/ (keyed by their
+params): the first run spends most of its time on SFT (`setup_s` in the result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.curate.attribution import attribute  # noqa: E402
+from rollwise.curate.filters import decide  # noqa: E402
+from rollwise.envs.generate import generate_suite  # noqa: E402
+from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
+from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
+from rollwise.policy.hf import HFBackend  # noqa: E402
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.train.optim import make_optimizer  # noqa: E402
+from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
+from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.types import STEP_COLUMNS  # noqa: E402
+from tasks.warmstart import suite_tokenizer  # noqa: E402
+
+# About 15% of failed episodes carry a failure-relevant fault with the warm-start policy.
+FAULTS = dict(
+    flaky_p=0.06, flaky_wrong=0.5, verifier_flip_q=0.04, unsolvable_frac=0.05, stochastic_p=0.2
+)
+NON_POLICY = {"withheld_tool", "verdict_flip", "flaky_error", "flaky_wrong"}
+ARMS = ("clean", "uncurated", "curated")
+
+
+def key_of(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def suite_at(cache: Path, envs, faults: FaultsConfig | None):
+    cfg = envs if faults is None else envs.model_copy(update={"faults": faults})
+    folder = cache / f"suite_{key_of(cfg.model_dump())}"
+    if not folder.exists():
+        generate_suite(cfg, folder)
+    return load_suite(folder)
+
+
+def warm_start(p, cache: Path, clean):
+    folder = (
+        cache
+        / f"sft_{key_of(p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())}"
+    )
+    if not folder.exists():
+        tok = suite_tokenizer(clean)
+        model = build_model(tok, p.policy)
+        demos = [oracle_sequence(t, clean.envs[t.env_id], tok) for t in clean.split("train")]
+        sft(model, demos, p.warmstart, tok.pad_token_id)
+        save_policy(model, tok, folder)
+    return folder
+
+
+def plan(suite, n_tasks: int, seed: int) -> list[str]:
+    """Uniform over the train split (the `random` scheduler): the same tasks for every arm."""
+    return random.Random(seed).sample(sorted(t.task_id for t in suite.split("train")), n_tasks)
+
+
+def labels(spec: EpisodeSpec, success: bool) -> bool:
+    """Ground truth from the episode's own audit rows: was its outcome not the policy's?"""
+    faults = {a["fault"] for a in spec.env.audit}
+    if success:
+        return "verdict_flip" in faults  # a false success
+    return bool(faults & NON_POLICY)
+
+
+def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict:
+    """Rounds of rollout -> (curate) -> GRPO -> PPO from the warm start; held-out at the end."""
+    model, tok = load_policy(model_dir)
+    torch.manual_seed(seed)
+    opt = make_optimizer(model, p.train)
+    judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
+    for r in range(1, args.rounds + 1):
+        picked = plan(suite, args.tasks, seed * 1000 + r)
+        specs = [
+            EpisodeSpec(
+                f"s{seed}/r{r}/{tid}/{k}",
+                suite.tasks[tid],
+                clone_env(suite.envs[suite.tasks[tid].env_id]),
+                group=tid,
+                sample=k,
+                seed=seed * 100000 + r * 1000 + k,
+            )
+            for tid in picked
+            for k in range(p.rollout.samples_per_task)
+        ]
+        limits = Limits(
+            max_context=p.policy.max_context,
+            temperature=p.rollout.temperature,
+            max_turns=p.rollout.max_turns,
+            max_new_tokens=p.rollout.max_new_tokens,
+            seed=seed * 1000 + r,
+        )
+        rows, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
+        episodes, steps = pd.DataFrame(rows), pd.DataFrame(steps, columns=STEP_COLUMNS)
+        episodes_spent += len(episodes)
+        rollout_verifier += int(episodes["verifier_calls"].sum())
+        kept = episodes
+        if arm != "uncurated":
+            table, _ = attribute(episodes, steps, suite, p.curate)
+            decisions = decide(table, p.curate)
+            kept = episodes[decisions["kept"].to_numpy()].reset_index(drop=True)
+            spent += int(table["verifier_calls"].sum())
+            truth = [labels(s, bool(ok)) for s, ok in zip(specs, episodes["success"], strict=True)]
+            faults = [sorted({a["fault"] for a in s.env.audit}) for s in specs]
+            judged.append(table.assign(truth=truth, faults=faults, round=r))
+        adv = ESTIMATORS["grpo"](kept, steps, p.credit)
+        train_round(
+            model,
+            training_batch(kept, adv),
+            p.train,
+            opt,
+            tok.pad_token_id,
+            temperature=p.rollout.temperature,
+        )
+    return {
+        "arm": arm,
+        "seed": seed,
+        "heldout_success": heldout(model, tok, clean, p, args),
+        "episodes": episodes_spent,
+        "rollout_verifier_calls": rollout_verifier,
+        "curator_verifier_calls": spent,
+        "judged": pd.concat(judged, ignore_index=True) if judged else None,
+    }
+
+
+def heldout(model, tok, clean, p, args) -> float:
+    """Greedy success on the clean suite's held-out tasks (the same tasks for every arm)."""
+    tasks = evaluation_tasks(clean, "heldout", args.eval_tasks)
+    limits = Limits(max_context=p.policy.max_context, greedy=True)
+    return summarize(evaluate_policy(HFBackend(model, tok), tok, clean, tasks, limits))["success"]
+
+
+def confusion(judged: pd.DataFrame) -> dict:
+    pred, truth = judged["cause"] != "policy", judged["truth"]
+    tp, fp, fn = int((pred & truth).sum()), int((pred & ~truth).sum()), int((~pred & truth).sum())
+    return {
+        "episodes": len(judged),
+        "true_non_policy": int(truth.sum()),
+        "flagged": int(pred.sum()),
+        "precision": tp / (tp + fp) if tp + fp else 1.0,
+        "recall": tp / (tp + fn) if tp + fn else 1.0,
+    }
+
+
+def mistakes(judged: pd.DataFrame, limit: int = 12) -> list[dict]:
+    """False positives and negatives, with the curator's cause and the injected faults."""
+    pred = judged["cause"] != "policy"
+    wrong = judged[pred != judged["truth"]].head(limit)
+    return [
+        {"episode_id": e, "success": bool(ok), "cause": c, "confidence": float(conf),
+         "faults": list(f), "scores": json.loads(sc)}
+        for e, ok, c, conf, f, sc in wrong[
+            ["episode_id", "success", "cause", "confidence", "faults", "scores"]
+        ].itertuples(index=False)
+    ]  # fmt: skip
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    held = result["heldout"]
+    for i, arm in enumerate(ARMS):
+        vals = [100 * v for v in held[arm]]
+        a.bar(i, sum(vals) / len(vals), color="lightgray", edgecolor="black")
+        a.scatter([i] * len(vals), vals, color="black", zorder=3)
+    a.axhline(100 * held["warmstart"], ls="--", color="gray", label="warm start")
+    a.set_xticks(range(len(ARMS)), ARMS)
+    a.set_ylabel("held-out success (%)")
+    a.set_title(f"same rollout budget, {len(held['curated'])} seeds")
+    a.legend()
+    causes = result["per_fault_recall"]
+    b.bar(range(len(causes)), [v or 0.0 for v in causes.values()], color="steelblue")
+    b.set_xticks(range(len(causes)), list(causes), rotation=20)
+    b.set_ylim(0, 1.05)
+    b.set_title(
+        f"recall by injected fault; precision {result['precision']:.2f}, "
+        f"recall {result['recall']:.2f}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=16, help="tasks per round")
+    parser.add_argument("--eval-tasks", type=int, default=96)
+    parser.add_argument("--sft-steps", type=int, default=400, help="warm start (cached)")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "curator")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "curator.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    overrides = {"warmstart.steps": args.sft_steps}
+    overrides |= {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
+    args.cache.mkdir(parents=True, exist_ok=True)
+    clean = suite_at(args.cache, p.envs, None)
+    model_dir = warm_start(p, args.cache, clean)
+    sft_s = time.perf_counter() - t0
+    model, tok = load_policy(model_dir)
+    base = heldout(model, tok, clean, p, args)
+    print(json.dumps({"warmstart_heldout": base, "setup_s": round(sft_s)}), flush=True)
+    runs = []
+    for seed in args.seeds:
+        faulty = suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
+        for arm in ARMS:
+            suite = clean if arm == "clean" else faulty
+            runs.append(run_arm(arm, seed, suite, clean, model_dir, p, args))
+            line = {k: v for k, v in runs[-1].items() if k != "judged"}
+            print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
+    result = summarize_runs(runs, base, args, time.perf_counter() - t0)
+    result["setup_s"] = sft_s
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot_path = args.out.with_suffix(".png")
+    plot(result, plot_path)
+    result["plot"] = os.path.relpath(plot_path, ROOT)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "precision",
+                    "recall",
+                    "curated_minus_uncurated_pts",
+                    "clean_minus_curated_pts",
+                    "wall_s",
+                )
+            }
+        )
+    )
+
+
+def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
+    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in ARMS}
+    curated = pd.concat([r["judged"] for r in by_arm["curated"]], ignore_index=True)
+    clean = pd.concat([r["judged"] for r in by_arm["clean"]], ignore_index=True)
+    failed = curated[~curated["success"]]
+    held = {arm: [r["heldout_success"] for r in rs] for arm, rs in by_arm.items()}
+    mean = {arm: sum(v) / len(v) for arm, v in held.items()}
+    spent = sum(r["curator_verifier_calls"] for r in by_arm["curated"])
+    rollout_calls = sum(r["rollout_verifier_calls"] for r in by_arm["curated"])
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "command": "python bench/curator.py " + " ".join(sys.argv[1:]),
+        "git_commit": commit,
+        "seeds": args.seeds,
+        "rounds": args.rounds,
+        "tasks_per_round": args.tasks,
+        "eval_tasks": args.eval_tasks,
+        "faults": FAULTS,
+        **{k: v for k, v in confusion(failed).items() if k in ("precision", "recall")},
+        "faulty_suite": {
+            "failed": confusion(failed),
+            "all_episodes": confusion(curated),
+            "non_policy_share": float(curated["truth"].mean()),
+            "non_policy_share_of_failures": float(failed["truth"].mean()),
+            "causes": curated["cause"].value_counts().to_dict(),
+        },
+        "clean_suite": {
+            "episodes": len(clean),
+            "flagged": int((clean["cause"] != "policy").sum()),
+            "false_positive_rate": float((clean["cause"] != "policy").mean()),
+            "causes": clean["cause"].value_counts().to_dict(),
+        },
+        "per_fault_recall": per_fault_recall(by_arm["curated"]),
+        "mistakes": mistakes(curated),
+        "verifier_calls": {
+            "curator": spent,
+            "rollout": rollout_calls,
+            "curator_per_episode": spent / max(len(curated), 1),
+        },
+        "heldout": {"warmstart": warm, **held},
+        "heldout_mean": mean,
+        "heldout_pts_per_task": 100 / args.eval_tasks,  # the resolution of one held-out task
+        "curated_minus_uncurated_pts": 100 * (mean["curated"] - mean["uncurated"]),
+        "clean_minus_curated_pts": 100 * (mean["clean"] - mean["curated"]),
+        "targets": {
+            "precision": ">= 0.9",
+            "recall": ">= 0.8",
+            "curated_minus_uncurated_pts": ">= 5",
+            "clean_minus_curated_pts": "<= 2",
+        },
+        "wall_s": wall_s,
+    }
+
+
+def per_fault_recall(runs: list[dict]) -> dict:
+    judged = pd.concat([r["judged"] for r in runs], ignore_index=True)
+    out = {}
+    for fault in sorted(NON_POLICY):
+        hit = judged[judged["faults"].map(lambda f, fault=fault: fault in f) & judged["truth"]]
+        out[fault] = float((hit["cause"] != "policy").mean()) if len(hit) else None
+    return out
+
+
+if __name__ == "__main__":
+    main()
