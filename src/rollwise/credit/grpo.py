@@ -1,9 +1,13 @@
 """GRPO: A_i = (R_i - mean_group R) / (std_group R + eps), copied to every policy turn.
-With `std_norm: false` it is Dr.GRPO's unscaled A_i = R_i - mean_group R."""
+With `std_norm: false` it is Dr.GRPO's unscaled A_i = R_i - mean_group R (Dr.GRPO's constant
+token-sum divisor is a loss aggregation: train.loss). Departs from the paper only in using the
+population std (ddof 0), so a two-sample group gives +-1, and in giving a singleton group 0."""
 
 from __future__ import annotations
 
 import pandas as pd
+
+from rollwise.credit.turns import advantage_rows, per_episode, turn_table
 
 
 def group_advantages(episodes: pd.DataFrame, std_norm: bool, eps: float) -> pd.Series:
@@ -16,12 +20,6 @@ def group_advantages(episodes: pd.DataFrame, std_norm: bool, eps: float) -> pd.S
 
 
 def grpo(episodes: pd.DataFrame, steps: pd.DataFrame, cfg) -> pd.DataFrame:
+    turns = turn_table(episodes, steps)
     advantage = group_advantages(episodes, cfg.std_norm, cfg.eps)
-    rows = [
-        {"episode_id": ep, "step": k, "advantage": float(a), "span_start": s, "span_end": e}
-        for ep, a, spans in zip(
-            episodes["episode_id"], advantage, episodes["turn_spans"], strict=True
-        )
-        for k, (s, e) in enumerate(spans)
-    ]
-    return pd.DataFrame(rows, columns=["episode_id", "step", "advantage", "span_start", "span_end"])
+    return advantage_rows(turns, per_episode(turns, episodes, advantage))

@@ -1,0 +1,497 @@
+"""Credit bench: how well each estimator's per-turn credit tracks true action values, and what
+it does to held-out success at an equal rollout budget.
+
+One process, no orchestration, one torch thread. Three panels:
+  value (LLM)   the warm-start policy on the synthetic suite's longest tasks (3 dependent calls
+                and the answer: the suite has no longer ones). A batch of G samples per task; for
+                every turn a Monte-Carlo reference Q (`--mc` continuations from that exact
+                prefix, the environment replayed to it; a last turn's Q is its reward, exactly);
+                per method: credit/diagnostics.py value_report (value error, Kendall tau,
+                advantage variance, same-action spread).
+  value (toy)   the same report against the exact Q of credit/diagnostics.py ToyChain (4-6
+                dependent calls), over `--toy-seeds` batches.
+  learning      per arm and seed, `--rounds` rounds of rollout -> credit -> PPO from the warm
+                start, then greedy held-out success on the long held-out tasks. Every arm gets
+                tasks x G episodes a round: spo and spo_pp get tasks x G tasks of one sample
+                (single stream), their tracker carried across rounds as the pipeline does.
+                The toy chain runs the same comparison with a tabular softmax policy (token-mean
+                policy gradient), its success computed exactly.
+Writes bench/results/credit.json (+ .png). The warm start is cached under `--cache`.
+
+    .venv/bin/python bench/credit.py warmstart.steps=800 [--seeds 0 1 2] [--rounds 2] [--tasks 8] \
+        [--mc 12] [--value-tasks 12] [--eval-tasks 64] [--toy-seeds 5] [key=value overrides]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.credit.diagnostics import ToyChain, reference_q, value_report  # noqa: E402
+from rollwise.credit.tracker import attach, empty_tracker, next_drift, next_tracker  # noqa: E402
+from rollwise.credit.turns import turn_table  # noqa: E402
+from rollwise.envs.generate import generate_suite  # noqa: E402
+from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
+from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
+from rollwise.policy.hf import HFBackend  # noqa: E402
+from rollwise.rollout import engine  # noqa: E402
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.train.optim import make_optimizer  # noqa: E402
+from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
+from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
+from tasks.warmstart import suite_tokenizer  # noqa: E402
+
+ARMS = ("grpo", "gigpo", "concal", "iapo", "spo", "spo_pp")  # the issue's learning arms
+SINGLE_STREAM = {"spo", "spo_pp"}
+LONG_KINDS = {"status", "amount", "cancel"}  # 3 dependent calls, then the answer
+REPLAY = {"calls": 0, "mismatches": 0}  # replayed calls whose observation differed (should be 0)
+
+
+def key_of(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def setup(p, cache: Path):
+    """(suite, warm-start folder), both cached by their params."""
+    suite_dir = cache / f"suite_{key_of(p.envs.model_dump())}"
+    if not suite_dir.exists():
+        generate_suite(p.envs, suite_dir)
+    suite = load_suite(suite_dir)
+    parts = (p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())
+    folder = cache / f"sft_{key_of(*parts)}"
+    if not folder.exists():
+        tok = suite_tokenizer(suite)
+        model = build_model(tok, p.policy)
+        demos = [oracle_sequence(t, suite.envs[t.env_id], tok) for t in suite.split("train")]
+        sft(model, demos, p.warmstart, tok.pad_token_id)
+        save_policy(model, tok, folder)
+    return suite, folder
+
+
+def long_tasks(suite, split: str) -> list[str]:
+    return sorted(t.task_id for t in suite.split(split) if t.kind in LONG_KINDS)
+
+
+def limits_of(p, seed: int, greedy: bool = False) -> Limits:
+    r = p.rollout
+    return Limits(
+        max_turns=r.max_turns,
+        max_new_tokens=r.max_new_tokens,
+        greedy=greedy,
+        max_context=p.policy.max_context,
+        temperature=r.temperature,
+        seed=seed,
+    )
+
+
+def sample(model, tok, suite, p, task_ids: list[str], g: int, seed: int, tag: str):
+    """G episodes of each task with the current policy: (episodes, steps) tables."""
+    specs = [
+        EpisodeSpec(f"{tag}/{tid}/s{k}", suite.tasks[tid],
+                    clone_env(suite.envs[suite.tasks[tid].env_id]), group=tid, sample=k,
+                    seed=seed * 100000 + k)
+        for tid in task_ids for k in range(g)
+    ]  # fmt: skip
+    rows, steps = run_episodes(specs, HFBackend(model, tok), tok, limits_of(p, seed))
+    return pd.DataFrame(rows), pd.DataFrame(steps, columns=STEP_COLUMNS)
+
+
+# ---------------------------------------------------------------------------- LLM reference Q
+def prefix_live(ep, k: int, calls: pd.DataFrame, suite, tok, j: int, seed: int) -> engine.Live:
+    """A live episode standing right after turn k's observation of `ep`: same tokens, the
+    environment replayed through the same calls (deterministic suite: same observations)."""
+    task = suite.tasks[ep.task_id]
+    spec = EpisodeSpec(f"mc/{ep.episode_id}/{k}/{j}", task, clone_env(suite.envs[task.env_id]),
+                       group=ep.group, sample=j, seed=seed * 100000 + j)  # fmt: skip
+    e = engine.start(spec, tok)
+    spans = [list(map(int, s)) for s in ep.turn_spans]
+    for c in calls[calls["span_start"] <= spans[k][0]].itertuples():
+        call = ToolCall(c.tool, json.loads(c.arguments))
+        REPLAY["calls"] += 1
+        REPLAY["mismatches"] += spec.env.step(call).content != c.observation
+        e.calls.append(call)
+    cut = spans[k + 1][0]
+    e.ids, e.logprobs = list(ep.token_ids[:cut]), list(ep.logprobs[:cut])
+    e.mask, e.turn_spans = list(ep.loss_mask[:cut]), spans[: k + 1]
+    return e
+
+
+def continue_lives(lives: list, left: list[int], model, tok, limits: Limits) -> np.ndarray:
+    """Run each live episode for at most its `left` turns more; their rewards."""
+    backend = HFBackend(model, tok)
+    with ThreadPoolExecutor(max_workers=engine.TOOL_WORKERS) as pool:
+        for t in range(max(left, default=0)):
+            active = [
+                e for e, n in zip(lives, left, strict=True) if e.termination is None and n > t
+            ]
+            active = [e for e in active if engine.fits(e, limits)]
+            for lo in range(0, len(active), limits.batch_size):
+                engine.advance(active[lo : lo + limits.batch_size], backend, tok, limits, pool)
+    for e in lives:
+        if e.termination is None:
+            e.end("max_turns")
+    return np.array([engine.finish(e, limits)["reward"] for e in lives])
+
+
+def prefix_key(t, ep) -> str:
+    """One reference point per (task, tokens through the action); a last turn is its own."""
+    if t.last:
+        return "T:" + t.episode_id
+    text = t.group + ":" + ",".join(map(str, ep.token_ids[: t.span_end]))
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def llm_reference(turns, episodes, steps, model, tok, suite, p, n: int, seed: int):
+    """(keys, Q mean, Q standard error) per turn. A last turn's Q is the episode's reward; every
+    other distinct prefix-through-the-action gets n continuations."""
+    by_id = {e.episode_id: e for e in episodes.itertuples()}
+    calls = {ep: g.sort_values("step") for ep, g in steps.groupby("episode_id")}
+    keys = pd.Series([prefix_key(t, by_id[t.episode_id]) for t in turns.itertuples()], turns.index)
+
+    def returns(rows: pd.DataFrame, n: int) -> np.ndarray:
+        out = np.zeros((len(rows), n))
+        lives, left, where = [], [], []
+        for r, t in enumerate(rows.itertuples()):
+            ep = by_id[t.episode_id]
+            if t.last:
+                out[r] = ep.reward
+                continue
+            empty = steps.iloc[:0]
+            for j in range(n):
+                lives.append(prefix_live(ep, t.step, calls.get(t.episode_id, empty), suite, tok,
+                                         j, seed))  # fmt: skip
+                left.append(p.rollout.max_turns - t.step - 1)
+                where.append((r, j))
+        rewards = continue_lives(lives, left, model, tok, limits_of(p, seed))
+        for (r, j), v in zip(where, rewards, strict=True):
+            out[r, j] = v
+        return out
+
+    mean, se = reference_q(turns, keys, returns, n)
+    return keys, mean, se
+
+
+def llm_value_panel(model, tok, suite, p, args) -> dict:
+    t0 = time.perf_counter()
+    picked = random.Random(args.value_seed).sample(long_tasks(suite, "train"), args.value_tasks)
+    episodes, steps = sample(model, tok, suite, p, picked, p.rollout.samples_per_task,
+                             args.value_seed, "value")  # fmt: skip
+    turns = turn_table(episodes, steps)
+    keys, q, se = llm_reference(turns, episodes, steps, model, tok, suite, p, args.mc,
+                                args.value_seed)  # fmt: skip
+    methods = {m: report(turns, episodes, steps, q, p.credit, m) for m in [*ESTIMATORS, *VARIANTS]}
+    return {
+        "episodes": len(episodes), "turns": len(turns), "sample_success":
+        float(episodes["success"].mean()), "reward_mean": float(episodes["reward"].mean()),
+        "mc_continuations": args.mc, "mc_points": int((~keys.duplicated() & ~turns["last"]).sum()),
+        "reference_se_mean": float(se[~turns["last"].to_numpy()].mean()),
+        "replayed_calls": REPLAY["calls"], "replay_mismatches": REPLAY["mismatches"],
+        "methods": methods, "wall_s": time.perf_counter() - t0,
+    }  # fmt: skip
+
+
+# Knob variants reported next to the methods (value panels only: they cost no rollouts).
+VARIANTS = {
+    "dr_grpo": ("grpo", {"std_norm": False}),
+    "gigpo_mean_norm": ("gigpo", {"gigpo": {"norm": "mean_norm"}}),
+    "concal_mean_norm": ("concal", {"gigpo": {"norm": "mean_norm"}}),
+    "concal_full_pool": ("concal", {"concal": {"pool_cap": 1.0}}),
+}
+
+
+def configured(credit, name: str):
+    """(estimator, its credit config) for a method or a VARIANTS name."""
+    method, patch = VARIANTS.get(name, (name, {}))
+    raw = credit.model_dump() | {"method": method}
+    for key, value in patch.items():
+        raw[key] = raw[key] | value if isinstance(value, dict) else value
+    return ESTIMATORS[method], type(credit).model_validate(raw)
+
+
+def report(turns, episodes, steps, q, credit, name: str) -> dict:
+    estimator, cfg = configured(credit, name)
+    return value_report(turns, estimator(episodes, steps, cfg)["advantage"].to_numpy(), q)
+
+
+# ---------------------------------------------------------------------------- toy chain
+TOY_LENGTHS = (4, 5, 6)
+
+
+def toy_start() -> np.ndarray:
+    """A weak starting policy over (calls left, last was an error): P(call, wrong, answer)."""
+    p = np.zeros((max(TOY_LENGTHS) + 1, 2, 3))
+    p[1:, 0] = [0.6, 0.25, 0.15]
+    p[1:, 1] = [0.5, 0.3, 0.2]
+    p[0] = [0.0, 0.4, 0.6]
+    return p
+
+
+def toy_value_panel(args, credit) -> dict:
+    chain = ToyChain(toy_start(), max_turns=8)
+    rows = []
+    for seed in range(args.toy_seeds):
+        tasks = [(f"t{i}", TOY_LENGTHS[i % 3]) for i in range(args.toy_tasks)]
+        episodes, steps = chain.sample(tasks, 8, seed)
+        turns = turn_table(episodes, steps)
+        q = chain.exact_q(turns, episodes)
+        rows += [{"method": m, "seed": seed, **report(turns, episodes, steps, q, credit, m)}
+                 for m in [*ESTIMATORS, *VARIANTS]]  # fmt: skip
+    return {"seeds": args.toy_seeds, "methods": mean_by_method(pd.DataFrame(rows))}
+
+
+def mean_by_method(df: pd.DataFrame) -> dict:
+    figures = ["value_error", "kendall_tau", "advantage_var", "same_action_sd"]
+    return {m: {k: float(g[k].mean()) for k in figures} for m, g in df.groupby("method")}
+
+
+def softmax(theta: np.ndarray) -> np.ndarray:
+    z = np.exp(theta - theta.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def toy_success(policy: np.ndarray) -> float:
+    chain = ToyChain(policy, max_turns=8)
+    return float(np.mean([chain.values(n)[chain.max_turns, 0, 0] for n in TOY_LENGTHS]))
+
+
+def toy_learn(method: str, seed: int, args, credit) -> list[float]:
+    """Exact success after each round of token-mean policy gradient with `method`'s credit."""
+    rng = np.random.default_rng(seed)
+    theta = np.log(np.maximum(toy_start(), 1e-6))
+    pool = [(f"t{i}", TOY_LENGTHS[i % 3]) for i in range(args.toy_pool)]
+    g = 1 if method in SINGLE_STREAM else 8
+    cfg = credit.model_copy(update={"method": method})
+    tracker, drift, curve = empty_tracker(), {0: 0.0}, [toy_success(softmax(theta))]
+    for r in range(1, args.toy_rounds + 1):
+        chain = ToyChain(softmax(theta), max_turns=8)
+        picked = [pool[i] for i in rng.choice(len(pool), args.toy_batch // g, replace=False)]
+        episodes, steps = chain.sample(picked, g, int(rng.integers(1 << 30)), version=r - 1)
+        episodes = attach(episodes, tracker, drift)
+        adv = ESTIMATORS[method](episodes, steps, cfg)
+        tracker = next_tracker(episodes, tracker, cfg)
+        old = softmax(theta)
+        theta = theta + args.toy_lr * toy_gradient(chain, episodes, steps, adv)
+        drift = next_drift(drift, r, r - 1, toy_kl(old, softmax(theta)))
+        curve.append(toy_success(softmax(theta)))
+    return curve
+
+
+def toy_gradient(chain, episodes, steps, adv) -> np.ndarray:
+    """Token-mean surrogate: sum_k n_k A_k grad log pi(a_k | s_k) / sum_k n_k (tabular)."""
+    turns = turn_table(episodes, steps)
+    lengths = dict(zip(episodes["episode_id"], episodes["length"], strict=True))
+    n = (adv["span_end"] - adv["span_start"]).to_numpy(float)  # [N]
+    grad = np.zeros_like(chain.policy)  # [L+1, 2, 3]
+    for t, a, w in zip(turns.itertuples(), adv["advantage"].to_numpy(), n, strict=True):
+        i, e = chain.parse_state(t.state)
+        rem = lengths[t.episode_id] - i
+        onehot = np.eye(3)[chain.kind(t.action)]
+        grad[rem, e] += w * a * (onehot - chain.probs(rem, e))
+    return grad / max(n.sum(), 1.0)
+
+
+def toy_kl(old: np.ndarray, new: np.ndarray) -> float:
+    return float((old * (np.log(old + 1e-12) - np.log(new + 1e-12))).sum(-1).mean())
+
+
+def toy_learning_panel(args, credit) -> dict:
+    curves = {m: [toy_learn(m, s, args, credit) for s in range(args.toy_seeds)] for m in ARMS}
+    final = {m: [c[-1] for c in cs] for m, cs in curves.items()}
+    return {
+        "rounds": args.toy_rounds, "episodes_per_round": args.toy_batch, "lr": args.toy_lr,
+        "start_success": curves["grpo"][0][0],
+        "final_success": {m: float(np.mean(v)) for m, v in final.items()},
+        "final_success_per_seed": final,
+        "curve_mean": {m: np.mean(cs, 0).tolist() for m, cs in curves.items()},
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- LLM learning arm
+def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
+    """`--rounds` rounds of rollout -> credit -> PPO from the warm start; held-out at the end."""
+    model, tok = load_policy(folder)
+    torch.manual_seed(seed)
+    opt = make_optimizer(model, p.train)
+    g = 1 if method in SINGLE_STREAM else p.rollout.samples_per_task
+    cfg = p.credit.model_copy(update={"method": method})
+    tracker, drift, rounds = empty_tracker(), {0: 0.0}, []
+    pool = long_tasks(suite, "train")
+    for r in range(1, args.rounds + 1):
+        n_tasks = args.tasks * p.rollout.samples_per_task // g  # equal episodes per round
+        picked = random.Random(seed * 1000 + r).sample(pool, min(n_tasks, len(pool)))
+        episodes, steps = sample(model, tok, suite, p, picked, g, seed * 1000 + r, f"{seed}/{r}")
+        episodes = attach(episodes.assign(policy_version=r - 1), tracker, drift)
+        adv = ESTIMATORS[method](episodes, steps, cfg)
+        tracker = next_tracker(episodes, tracker, cfg)
+        stats = train_round(model, training_batch(episodes, adv), p.train, opt, tok.pad_token_id,
+                            temperature=p.rollout.temperature)  # fmt: skip
+        drift = next_drift(drift, r, r - 1, float(stats.get("approx_kl", 0.0)))
+        rounds.append({"round": r, "episodes": len(episodes),
+                       "sample_success": float(episodes["success"].mean()),
+                       "approx_kl": float(stats.get("approx_kl", 0.0))})  # fmt: skip
+    return {"method": method, "seed": seed, "heldout": heldout(model, tok, suite, p, args),
+            "rounds": rounds}  # fmt: skip
+
+
+def heldout(model, tok, suite, p, args) -> dict:
+    """Greedy success and mean reward on long held-out tasks (the same tasks for every arm)."""
+    long = set(long_tasks(suite, "heldout"))
+    tasks = [t for t in evaluation_tasks(suite, "heldout", 10**6) if t.task_id in long]
+    limits = Limits(max_context=p.policy.max_context, max_turns=p.rollout.max_turns,
+                    max_new_tokens=p.rollout.max_new_tokens, greedy=True)  # fmt: skip
+    episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks[: args.eval_tasks], limits)
+    s = summarize(episodes)
+    return {"success": s["success"], "reward": s["reward"]}
+
+
+def learning_panel(folder: Path, suite, p, args, base: dict) -> dict:
+    runs = []
+    for seed in args.seeds:
+        for method in ARMS:
+            runs.append(run_arm(method, seed, folder, suite, p, args))
+            print(json.dumps({k: runs[-1][k] for k in ("method", "seed", "heldout")}), flush=True)
+    per_seed = {m: [r["heldout"]["success"] for r in runs if r["method"] == m] for m in ARMS}
+    reward = {m: [r["heldout"]["reward"] for r in runs if r["method"] == m] for m in ARMS}
+    return {
+        "rounds": args.rounds, "episodes_per_round": args.tasks * p.rollout.samples_per_task,
+        "eval_tasks": args.eval_tasks, "warmstart_success": base["success"],
+        "warmstart_reward": base["reward"],
+        "heldout_success": {m: float(np.mean(v)) for m, v in per_seed.items()},
+        "heldout_reward": {m: float(np.mean(v)) for m, v in reward.items()},
+        "heldout_success_per_seed": per_seed, "runs": runs,
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- output
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
+    methods = list(ESTIMATORS)
+    x = np.arange(len(methods))
+    for k, (name, panel) in enumerate((("LLM (MC reference)", result["value_llm"]),
+                                       ("toy chain (exact Q)", result["value_toy"]))):  # fmt: skip
+        err = [panel["methods"][m]["value_error"] for m in methods]
+        tau = [panel["methods"][m]["kendall_tau"] for m in methods]
+        ax[0, 0].bar(x + 0.4 * k - 0.2, err, 0.4, label=name)
+        ax[0, 1].bar(x + 0.4 * k - 0.2, tau, 0.4, label=name)
+    for a, title in ((ax[0, 0], "value-difference error (lower is better)"),
+                     (ax[0, 1], "Kendall tau of action orderings")):  # fmt: skip
+        a.set_xticks(x, methods)
+        a.set_title(title)
+        a.legend()
+    held = result["learning_llm"]["heldout_success_per_seed"]
+    for i, m in enumerate(ARMS):
+        vals = [100 * v for v in held[m]]
+        ax[1, 0].bar(i, np.mean(vals), color="lightgray", edgecolor="black")
+        ax[1, 0].scatter([i] * len(vals), vals, color="black", zorder=3)
+    ax[1, 0].axhline(100 * result["learning_llm"]["warmstart_success"], ls="--", color="gray")
+    ax[1, 0].set_xticks(range(len(ARMS)), ARMS)
+    ax[1, 0].set_title("LLM held-out success (%), long tasks; dashed: warm start")
+    for m, curve in result["learning_toy"]["curve_mean"].items():
+        ax[1, 1].plot(100 * np.array(curve), label=m)
+    ax[1, 1].set_title("toy chain: exact success (%) per round, mean over seeds")
+    ax[1, 1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def headline(result: dict) -> dict:
+    llm, toy = result["value_llm"]["methods"], result["value_toy"]["methods"]
+    held, toy_held = result["learning_llm"]["heldout_success"], result["learning_toy"]
+    reward = result["learning_llm"]["heldout_reward"]
+    return {
+        "concal_over_gigpo_value_error_ratio":
+            llm["concal"]["value_error"] / llm["gigpo"]["value_error"],
+        "concal_minus_gigpo_pts": 100 * (held["concal"] - held["gigpo"]),
+        "concal_minus_gigpo_reward_pts": 100 * (reward["concal"] - reward["gigpo"]),
+        "toy_concal_over_gigpo_value_error_ratio":
+            toy["concal"]["value_error"] / toy["gigpo"]["value_error"],
+        "toy_concal_minus_gigpo_pts":
+            100 * (toy_held["final_success"]["concal"] - toy_held["final_success"]["gigpo"]),
+        "targets": {"concal_over_gigpo_value_error_ratio": "<= 0.7",
+                    "concal_minus_gigpo_pts": ">= 3"},
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=8, help="tasks x G episodes per round")
+    parser.add_argument("--eval-tasks", type=int, default=64)
+    parser.add_argument("--mc", type=int, default=12, help="continuations per reference point")
+    parser.add_argument("--value-tasks", type=int, default=12)
+    parser.add_argument("--value-seed", type=int, default=0)
+    parser.add_argument("--toy-seeds", type=int, default=5)
+    parser.add_argument("--toy-tasks", type=int, default=32)
+    parser.add_argument("--toy-pool", type=int, default=300)
+    parser.add_argument("--toy-batch", type=int, default=128)
+    parser.add_argument("--toy-rounds", type=int, default=12)
+    parser.add_argument("--toy-lr", type=float, default=4.0)
+    parser.add_argument("--skip-llm-learning", action="store_true")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "credit")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "credit.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
+    args.cache.mkdir(parents=True, exist_ok=True)
+    suite, folder = setup(p, args.cache)
+    setup_s = time.perf_counter() - t0
+    result: dict = {"value_toy": toy_value_panel(args, p.credit)}
+    result["learning_toy"] = toy_learning_panel(args, p.credit)
+    print(json.dumps({"toy_s": round(time.perf_counter() - t0)}), flush=True)
+    model, tok = load_policy(folder)
+    result["value_llm"] = llm_value_panel(model, tok, suite, p, args)
+    print(json.dumps({"value_llm_s": round(result["value_llm"]["wall_s"])}), flush=True)
+    if not args.skip_llm_learning:
+        base = heldout(model, tok, suite, p, args)
+        result["learning_llm"] = learning_panel(folder, suite, p, args, base)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    result = {
+        "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": commit,
+        "git_dirty": bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
+                                         capture_output=True, text=True).stdout.strip()),
+        **(headline(result) if "learning_llm" in result else {}),
+        "setup_s": setup_s, "wall_s": time.perf_counter() - t0, "overrides": overrides,
+        **copy.deepcopy(result),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if "learning_llm" in result:
+        plot(result, args.out.with_suffix(".png"))
+        result["plot"] = os.path.relpath(args.out.with_suffix(".png"), ROOT)
+    args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, default=float))
+
+
+if __name__ == "__main__":
+    main()
