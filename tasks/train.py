@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from rollwise.config import Params
 from tasks.common import (
     atomic_dir,
@@ -13,7 +11,7 @@ from tasks.common import (
     load_checkpoint,
     log,
     model_dir,
-    require,
+    read_table,
     round_dir,
     stage_main,
 )
@@ -25,25 +23,17 @@ def run(params: Params, root: Path, r: str) -> dict:
     import torch
 
     from rollwise.policy.build import load_policy, save_policy
-    from rollwise.train.trainer import (
-        load_state,
-        make_optimizer,
-        save_state,
-        train_round,
-        training_batch,
-    )
+    from rollwise.train.optim import apply_lrs, make_optimizer
+    from rollwise.train.trainer import load_state, save_state, train_round, training_batch
 
     prev = params.rounds[r]
     torch.manual_seed(params.train.seed * 1000 + int(r))
     model, tokenizer = load_checkpoint(model_dir(root, prev), stage_of_model(prev), take=True)
-    advantages = pd.read_parquet(
-        require(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
-    )
+    advantages = read_table(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
     items = training_batch(kept_episodes(root, r), advantages)
     optimizer = make_optimizer(model, params.train)
-    step = load_state(model_dir(root, prev), optimizer)
-    for group in optimizer.param_groups:  # the params' lr wins over the saved one
-        group["lr"] = params.train.lr
+    step = load_state(model_dir(root, prev), optimizer).step
+    apply_lrs(optimizer, params.train)  # the params' lrs win over the saved ones
     ref = load_policy(model_dir(root, "00"))[0] if params.train.kl_coef > 0 else None
     metrics = train_round(
         model, items, params.train, optimizer, tokenizer.pad_token_id, ref,
@@ -51,7 +41,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     )  # fmt: skip
     with atomic_dir(model_dir(root, r)) as out:
         save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
-        save_state(out, optimizer, step + params.train.epochs)
+        save_state(out, optimizer, step + int(metrics.get("optimizer_steps", 0)))
     keep_checkpoint(model_dir(root, r), model, tokenizer)
     log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
     return metrics

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from rollwise.config import PolicyConfig, TrainConfig
-from rollwise.train.loss import ppo_clip_loss, token_logprobs
+from rollwise.train.loss import AGGREGATIONS, Norm, ppo_clip_loss, tis_weights, token_logprobs
+from rollwise.train.optim import apply_lrs, hidden_matrices, make_optimizer
 from rollwise.train.trainer import (
-    make_optimizer,
+    load_state,
+    policy_logprobs,
+    save_state,
     token_advantages,
     train_round,
     training_batch,
@@ -31,7 +34,8 @@ def batch(seed: int = 0):
 def loss_and_grad(logp_value, old, adv, mask, n_tokens=None):
     logp = logp_value.clone().requires_grad_(True)
     n = float(mask.sum()) if n_tokens is None else n_tokens
-    loss, stats = ppo_clip_loss(logp, old, adv, mask, CLIP_LOW, CLIP_HIGH, n)
+    norm = Norm(tokens=n, seqs=float(mask.shape[0]), horizon=float(mask.shape[1]))
+    loss, stats = ppo_clip_loss(logp, old, adv, mask, CLIP_LOW, CLIP_HIGH, norm)
     loss.backward()
     return loss.detach(), logp.grad, stats
 
@@ -250,3 +254,279 @@ def test_sft_with_zero_steps_leaves_the_built_model(model_and_pad):
     before = snapshot(model)
     assert sft(model, [([1, 2, 3], [0, 1, 1])], WarmstartConfig(steps=0), pad) == []
     assert all(torch.equal(v, before[k]) for k, v in snapshot(model).items())
+
+
+# ------------------------------------------------------------------------------ aggregation
+
+# Token losses of two sequences; 9.0 sits on masked-out positions and must never count.
+PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])  # [B, T]
+AGG_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])  # [B, T]
+AGG_NORM = Norm(tokens=4.0, seqs=2.0, horizon=4.0)
+BY_HAND = {
+    "token-mean": (1 + 2 + 3 + 4) / 4,  # 2.5
+    "seq-mean-token-mean": ((1 + 2 + 3) / 3 + 4 / 1) / 2,  # 3.0
+    "seq-mean-token-sum": ((1 + 2 + 3) + 4) / 2,  # 5.0
+    "seq-mean-token-sum-norm": ((1 + 2 + 3) / 4 + 4 / 4) / 2,  # 1.25
+}
+
+
+def test_every_aggregation_mode_has_a_hand_computed_case():
+    assert set(BY_HAND) == set(AGGREGATIONS)
+    assert len(set(BY_HAND.values())) == len(BY_HAND)  # the cases tell the modes apart
+
+
+@pytest.mark.parametrize("agg", sorted(BY_HAND))
+def test_aggregation_by_hand(agg):
+    # at ratio 1 the PPO token loss is -A: advantages -PER_TOKEN give token losses PER_TOKEN
+    old = torch.zeros_like(PER_TOKEN)
+    loss, _ = ppo_clip_loss(old.clone(), old, -PER_TOKEN, AGG_MASK, 0.2, 0.28, AGG_NORM, agg)
+    assert float(loss) == pytest.approx(BY_HAND[agg], abs=1e-6)
+
+
+@pytest.mark.parametrize("agg", sorted(BY_HAND))
+def test_aggregation_adds_up_over_micro_batches(agg):
+    """Normalized by minibatch counts, the micro-batch losses sum to the whole batch's loss."""
+    fn = AGGREGATIONS[agg]
+    parts = fn(PER_TOKEN[:1], AGG_MASK[:1], AGG_NORM) + fn(PER_TOKEN[1:], AGG_MASK[1:], AGG_NORM)
+    assert float(parts) == pytest.approx(BY_HAND[agg], abs=1e-6)
+
+
+# ------------------------------------------------------------------------------ TIS
+
+
+def test_tis_weights_are_the_capped_ratio_without_gradient():
+    old = torch.log(torch.tensor([[0.5, 0.9, 0.6]])).requires_grad_(True)  # [1, 3] trainer
+    rollout = torch.log(torch.tensor([[0.25, 0.9, 0.1]]))  # [1, 3] engine
+    w = tis_weights(old, rollout, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 2.0]]))  # ratios 2, 1, 6 -> cap 2
+    assert not w.requires_grad
+
+
+def test_tis_weights_scale_each_token_loss_and_gradient():
+    old, adv, mask = batch()
+    weights = torch.rand(old.shape, generator=torch.Generator().manual_seed(3)) * 2  # [B, T]
+    norm = Norm(tokens=float(mask.sum()), seqs=3.0, horizon=6.0)
+    logp = old.clone().requires_grad_(True)
+    loss, _ = ppo_clip_loss(logp, old, adv, mask, CLIP_LOW, CLIP_HIGH, norm, weights=weights)
+    loss.backward()
+    expected = -(weights * adv * mask).sum() / mask.sum()  # []
+    assert float(loss.detach()) == pytest.approx(float(expected), abs=1e-6)
+    torch.testing.assert_close(logp.grad, -weights * adv * mask / mask.sum())
+
+
+# ------------------------------------------------------------------------------ trainer options
+
+
+def fresh_model():
+    from rollwise.policy.build import build_model, train_tokenizer
+
+    tok = train_tokenizer(["the answer is paris"])
+    return build_model(tok, TINY), tok.pad_token_id
+
+
+@pytest.mark.parametrize("agg", sorted(BY_HAND))
+def test_micro_batching_does_not_change_the_step_in_any_mode(agg):
+    items = synthetic_items([8, 8, 8, 8])
+    ends = []
+    for micro in (4, 1):
+        model, pad = fresh_model()
+        run_round(model, pad, items, micro_batch=micro, epochs=1, minibatches=1, loss_agg=agg)
+        ends.append(snapshot(model))
+    for k in ends[0]:
+        torch.testing.assert_close(ends[0][k], ends[1][k], atol=1e-5, rtol=1e-4)
+
+
+def own_items(model, pad, shift: float = 0.0) -> list[dict]:
+    """Items whose rollout log-probs are the model's own, minus `shift` (another engine)."""
+    items = synthetic_items([9, 12, 10, 11])
+    cfg = TrainConfig(micro_batch=64)
+    own = policy_logprobs(model.train(), items, cfg, pad, temperature=1.0)
+    return [{**it, "logprobs": [v - shift for v in lp]} for it, lp in zip(items, own, strict=True)]
+
+
+def test_tis_with_matching_log_probs_changes_nothing():
+    model, pad = fresh_model()
+    items = own_items(model, pad)
+    ends, stats = [], []
+    for cap in (None, 2.0):
+        model, pad = fresh_model()
+        s, _ = run_round(model, pad, items, micro_batch=2, tis_cap=cap)
+        ends.append(snapshot(model))
+        stats.append(s)
+    assert stats[1]["tis_weight"] == pytest.approx(1.0, abs=1e-4)
+    assert "tis_weight" not in stats[0]
+    for k in ends[0]:
+        torch.testing.assert_close(ends[0][k], ends[1][k], atol=1e-5, rtol=1e-4)
+
+
+def test_tis_caps_the_ratio_to_a_different_engine():
+    model, pad = fresh_model()
+    items = own_items(model, pad, shift=math.log(3.0))  # pi_train / pi_rollout = 3 everywhere
+    stats, changed = run_round(
+        model, pad, items, micro_batch=2, tis_cap=2.0, epochs=1, minibatches=1
+    )
+    assert changed
+    assert stats["tis_weight"] == pytest.approx(2.0, abs=1e-4)
+    assert stats["tis_capped"] == pytest.approx(1.0)
+    # PPO's ratio is against the trainer's recomputed old policy, not the engine's: at the one
+    # step it is 1 (nothing clipped) although the engine's ratio is 3
+    assert stats["clip_frac"] == 0.0 and stats["approx_kl"] < 1e-6
+
+
+def test_muon_gets_only_2d_hidden_weights():
+    model, _ = fresh_model()
+    opt = make_optimizer(model, TrainConfig(optimizer="muon", lr=1e-3, muon_lr=0.02))
+    muon = [p for g in opt.parts["muon"].param_groups for p in g["params"]]
+    adamw = [p for g in opt.parts["adamw"].param_groups for p in g["params"]]
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert muon and all(p.ndim == 2 for p in muon)
+    assert not any("embed" in names[id(p)] or "lm_head" in names[id(p)] for p in muon)
+    assert any("embed" in names[id(p)] for p in adamw)
+    assert any(p.ndim == 1 for p in adamw)  # norms (and biases)
+    assert {id(p) for p in muon} | {id(p) for p in adamw} == {id(p) for p in model.parameters()}
+    assert not {id(p) for p in muon} & {id(p) for p in adamw}
+    assert [id(p) for p in muon] == [id(p) for p in hidden_matrices(model)[0]]
+    for group in opt.param_groups:
+        group["lr"] = 9.0
+    apply_lrs(opt, TrainConfig(optimizer="muon", lr=1e-3, muon_lr=0.02))
+    assert [g["lr"] for g in opt.parts["muon"].param_groups] == [0.02]
+    assert [g["lr"] for g in opt.parts["adamw"].param_groups] == [1e-3]
+
+
+def test_muon_round_moves_hidden_and_other_weights():
+    model, pad = fresh_model()
+    stats, changed = run_round(
+        model, pad, synthetic_items([10, 12, 9, 12]), micro_batch=2, optimizer="muon"
+    )
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert any("mlp" in k for k in changed) and any("embed" in k for k in changed)
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "opts", [{}, {"optimizer": "muon", "tis_cap": 2.0, "loss_agg": "seq-mean-token-sum-norm"}]
+)
+def test_a_round_resumed_after_a_crash_ends_with_the_same_weights(tmp_path, opts):
+    cfg = TrainConfig(lr=1e-2, muon_lr=0.02, epochs=2, minibatches=2, micro_batch=2, **opts)
+    model, pad = fresh_model()
+    items = own_items(model, pad, shift=0.3)
+    model, pad = fresh_model()
+    train_round(model, items, cfg, make_optimizer(model, cfg), pad)
+    uninterrupted = snapshot(model)
+
+    model, pad = fresh_model()
+    optimizer = make_optimizer(model, cfg)
+
+    def checkpoint_then_crash(done: int, used: list[dict]) -> None:
+        torch.save(model.state_dict(), tmp_path / "weights.pt")
+        save_state(tmp_path, optimizer, 10 + done, done, [it.get("old") for it in used])
+        if done == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_round(model, items, cfg, optimizer, pad, on_step=checkpoint_then_crash)
+
+    model, pad = fresh_model()  # a new process: fresh model and optimizer
+    model.load_state_dict(torch.load(tmp_path / "weights.pt"))
+    optimizer = make_optimizer(model, cfg)
+    state = load_state(tmp_path, optimizer)
+    assert (state.step, state.round_step) == (12, 2)
+    if cfg.tis_cap is not None:
+        items = [{**it, "old": old} for it, old in zip(items, state.old_logprobs, strict=True)]
+    stats = train_round(model, items, cfg, optimizer, pad, start=state.round_step)
+    assert stats["optimizer_steps"] == 2
+    for k, v in snapshot(model).items():
+        assert torch.equal(v, uninterrupted[k]), k
+
+
+def test_resuming_with_tis_needs_the_pre_round_old_log_probs():
+    model, pad = fresh_model()
+    cfg = TrainConfig(tis_cap=2.0)
+    with pytest.raises(ValueError, match="old log-probs"):
+        train_round(model, synthetic_items([8, 8]), cfg, make_optimizer(model, cfg), pad, start=1)
+
+
+def test_state_restores_every_rng(tmp_path):
+    import random
+
+    import numpy as np
+
+    model, _ = fresh_model()
+    optimizer = make_optimizer(model, TrainConfig())
+    save_state(tmp_path, optimizer, 3)
+    draws = (torch.rand(3), random.random(), np.random.rand())
+    load_state(tmp_path, optimizer)
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(draws[0], again[0]) and draws[1:] == again[1:]
+
+
+def test_state_refuses_another_optimizer_kind(tmp_path):
+    model, _ = fresh_model()
+    save_state(tmp_path, make_optimizer(model, TrainConfig()), 1)
+    with pytest.raises(ValueError, match="train.optimizer"):
+        load_state(tmp_path, make_optimizer(model, TrainConfig(optimizer="muon")))
+
+
+# ------------------------------------------------------------------------------ NaN guard
+
+
+def test_a_non_finite_step_is_skipped_and_logged(caplog):
+    model, pad = fresh_model()
+    items = synthetic_items([8, 9, 10, 11])
+    items[2] = {**items[2], "logprobs": [float("nan")] * 10}  # a broken engine's log-probs
+    with caplog.at_level("WARNING"):
+        stats, changed = run_round(model, pad, items, epochs=1, minibatches=4)
+    assert stats["nonfinite_steps"] == 1 and stats["optimizer_steps"] == 3
+    assert changed and all(math.isfinite(v) for v in stats.values()), stats
+    assert "non-finite" in caplog.text
+    assert all(torch.isfinite(v).all() for v in snapshot(model).values())
+
+
+def test_non_finite_steps_in_a_row_abort_with_a_clear_error():
+    model, pad = fresh_model()
+    items = [{**it, "logprobs": [float("nan")] * len(it["ids"])} for it in synthetic_items([8] * 4)]
+    before = snapshot(model)
+    with pytest.raises(FloatingPointError, match="train.max_nonfinite_steps: 2"):
+        run_round(model, pad, items, epochs=1, minibatches=4, max_nonfinite_steps=2)
+    assert all(torch.equal(v, before[k]) for k, v in snapshot(model).items())
+
+
+# ------------------------------------------------------------------------------ DDP
+
+
+def ddp_worker(rank: int, folder: str, opts: dict, model, pad: int) -> None:
+    """One gloo rank of a 2-process run, forked with the model already built (no second import of
+    torch and transformers; the tokenizers library stalls when trained after a fork)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rdv", rank=rank, world_size=2)
+    cfg = TrainConfig(**opts)
+    stats = train_round(model, synthetic_items([8] * 6), cfg, make_optimizer(model, cfg), pad)
+    if rank == 0:
+        torch.save((model.state_dict(), stats), f"{folder}/rank0.pt")
+    dist.destroy_process_group()
+
+
+def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
+    """Each rank trains on its half of every chunk; summed gradients give the one-process step."""
+    import torch.multiprocessing as mp
+
+    opts = {"lr": 1e-2, "epochs": 2, "minibatches": 2, "micro_batch": 2}
+    model, pad = fresh_model()
+    args = (str(tmp_path), opts, model, pad)
+    mp.start_processes(ddp_worker, args=args, nprocs=2, start_method="fork")
+    ddp_weights, ddp_stats = torch.load(tmp_path / "rank0.pt")
+    assert any(not torch.equal(v, ddp_weights[k]) for k, v in snapshot(model).items())
+
+    cfg = TrainConfig(**opts)
+    stats = train_round(model, synthetic_items([8] * 6), cfg, make_optimizer(model, cfg), pad)
+    for k, v in snapshot(model).items():
+        torch.testing.assert_close(ddp_weights[k], v, atol=1e-5, rtol=1e-4)
+    assert ddp_stats["loss"] == pytest.approx(stats["loss"], abs=1e-5)
+    assert ddp_stats["tokens"] == stats["tokens"]

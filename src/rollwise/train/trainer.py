@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+import torch.distributed as dist
 
-from rollwise.train.loss import kl_k3, ppo_clip_loss, token_logprobs
+from rollwise.train.loss import Norm, kl_k3, ppo_clip_loss, tis_weights, token_logprobs
+from rollwise.train.optim import Optimizers, make_optimizer  # noqa: F401  (callers import it here)
 from rollwise.train.sft import pad_batch
 
 STATE_FILE = "trainer_state.pt"
+log = logging.getLogger(__name__)
 
 
 def token_advantages(episodes: pd.DataFrame, advantages: pd.DataFrame) -> list[list[float]]:
@@ -42,89 +49,224 @@ def training_batch(episodes: pd.DataFrame, advantages: pd.DataFrame) -> list[dic
 
 
 def tensors(items: list[dict], pad_id: int):
-    """Right-padded [B, T] ids and attention; [B, T-1] mask, advantages and old log-probs, all
-    aligned with the next-token targets ids[:, 1:]."""
+    """Right-padded [B, T] ids and attention; [B, T-1] mask, advantages, old log-probs (the
+    trainer's own when recomputed for TIS, else the rollout's) and rollout log-probs, all aligned
+    with the next-token targets ids[:, 1:]."""
     ids, attn, mask = pad_batch([(it["ids"], it["mask"]) for it in items], pad_id)  # [B, T] each
     adv = torch.zeros_like(mask)  # [B, T]
     old = torch.zeros_like(mask)  # [B, T]
+    rollout = torch.zeros_like(mask)  # [B, T]
     for i, it in enumerate(items):
         adv[i, : len(it["adv"])] = torch.tensor(it["adv"])
-        old[i, : len(it["logprobs"])] = torch.tensor(it["logprobs"])
-    return ids, attn, mask[:, 1:], adv[:, 1:], old[:, 1:]
+        rollout[i, : len(it["logprobs"])] = torch.tensor(it["logprobs"])
+        own = it.get("old", it["logprobs"])
+        old[i, : len(own)] = torch.tensor(own)
+    return ids, attn, mask[:, 1:], adv[:, 1:], old[:, 1:], rollout[:, 1:]
+
+
+def step_plan(n_items: int, cfg) -> list[list[int]]:
+    """Item indices of every optimizer step of the round: cfg.epochs shuffled passes, each split
+    into cfg.minibatches chunks. Deterministic in cfg.seed, so a resumed round replays it."""
+    rng = random.Random(cfg.seed)
+    plan = []
+    for _ in range(cfg.epochs):
+        order = list(range(n_items))
+        rng.shuffle(order)
+        size = -(-len(order) // cfg.minibatches)
+        plan += [order[lo : lo + size] for lo in range(0, len(order), size)]
+    return plan
+
+
+@torch.no_grad()
+def policy_logprobs(model, items: list[dict], cfg, pad_id: int, temperature: float) -> list:
+    """The model's log-prob of each token (0.0 at position 0), aligned like the rollout's."""
+    out = []
+    for lo in range(0, len(items), cfg.micro_batch):
+        part = items[lo : lo + cfg.micro_batch]
+        ids, attn, *_ = tensors(part, pad_id)  # [B, T] each
+        logits = model(input_ids=ids, attention_mask=attn).logits / temperature  # [B, T, V]
+        logp, _ = token_logprobs(logits, ids)  # [B, T-1]
+        out += [[0.0] + logp[i, : len(it["ids"]) - 1].tolist() for i, it in enumerate(part)]
+    return out
 
 
 def train_round(
-    model, items: list[dict], cfg, optimizer, pad_id: int, ref_model=None, temperature: float = 1.0
+    model,
+    items: list[dict],
+    cfg,
+    optimizer: Optimizers,
+    pad_id: int,
+    ref_model=None,
+    temperature: float = 1.0,
+    start: int = 0,
+    on_step: Callable[[int, list[dict]], None] | None = None,
 ) -> dict:
-    """cfg.epochs passes over the items, each split into cfg.minibatches optimizer steps.
-    Log-probs use the rollout's sampling temperature, so the rollout's log-probs are PPO's old
-    policy exactly (as verl does)."""
+    """The optimizer steps of step_plan from `start` on (a round resumed after a crash), calling
+    on_step(steps done, items) after each so the caller can checkpoint. Log-probs use the
+    rollout's sampling temperature, so the rollout's log-probs are PPO's old policy exactly (as
+    verl does). With cfg.tis_cap set, the old policy is recomputed by the trainer before the first
+    step (items gain "old"; a resumed round must pass them back) and each token's loss is weighted
+    by min(pi_old / pi_rollout, tis_cap)."""
     if not items:
         return {"skipped": 1.0, "episodes": 0.0}
-    rng = random.Random(cfg.seed)
     model.train()
-    history = []
-    for _ in range(cfg.epochs):
-        order = list(range(len(items)))
-        rng.shuffle(order)
-        size = -(-len(order) // cfg.minibatches)
-        for lo in range(0, len(order), size):
-            chunk = [items[i] for i in order[lo : lo + size]]
-            history.append(
-                optimizer_step(model, chunk, cfg, optimizer, pad_id, ref_model, temperature)
-            )
+    if cfg.tis_cap is not None and not all("old" in it for it in items):
+        if start > 0:
+            raise ValueError("resuming with train.tis_cap needs the pre-round old log-probs")
+        olds = policy_logprobs(model, items, cfg, pad_id, temperature)
+        items = [{**it, "old": old} for it, old in zip(items, olds, strict=True)]
+    history, skipped, in_a_row = [], 0, 0
+    plan = step_plan(len(items), cfg)
+    for k in range(start, len(plan)):
+        chunk = [items[i] for i in plan[k]]
+        s = optimizer_step(model, chunk, cfg, optimizer, pad_id, ref_model, temperature)
+        if s is None:
+            skipped, in_a_row = skipped + 1, in_a_row + 1
+            log.warning("optimizer step %d skipped: non-finite loss or gradient", k + 1)
+            if in_a_row >= cfg.max_nonfinite_steps:
+                raise FloatingPointError(
+                    f"{in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                    f"(train.max_nonfinite_steps: {cfg.max_nonfinite_steps}); lower train.lr or "
+                    "check the rollout's log-probs"
+                )
+        else:
+            history.append(s)
+            in_a_row = 0
+        if on_step is not None:
+            on_step(k + 1, items)
     model.eval()
-    stats = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
-    return {**stats, "optimizer_steps": float(len(history)), "episodes": float(len(items)),
+    stats = (
+        {key: sum(h[key] for h in history) / len(history) for key in history[0]} if history else {}
+    )
+    return {**stats, "optimizer_steps": float(len(history)), "nonfinite_steps": float(skipped),
+            "episodes": float(len(items)),
             "tokens": float(sum(sum(it["mask"]) for it in items))}  # fmt: skip
 
 
+def world() -> tuple[int, int]:
+    """(rank, world size) under torchrun, (0, 1) otherwise."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_grads(model) -> None:
+    """Sum gradients over ranks in one flat buffer. Losses are normalized by the whole chunk's
+    counts, so the sum is exactly the one-process gradient of the concatenated batch."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # a rank with no items, or a param its items did not reach
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.flatten() for p in params])  # [P]
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 def optimizer_step(
-    model, chunk: list[dict], cfg, optimizer, pad_id: int, ref_model, temperature: float
-) -> dict:
-    """One PPO step over `chunk`, micro-batched; token-mean over the whole chunk."""
-    n_tokens = float(sum(sum(it["mask"]) for it in chunk))
+    model, chunk: list[dict], cfg, optimizer: Optimizers, pad_id: int, ref_model, temperature: float
+) -> dict | None:
+    """One PPO step over `chunk`, micro-batched and split over DDP ranks; normalized by the whole
+    chunk's counts. None: skipped, the loss or gradient was not finite (the NaN guard)."""
+    rank, size = world()
+    norm = Norm(
+        tokens=float(sum(sum(it["mask"]) for it in chunk)),
+        seqs=float(len(chunk)),
+        horizon=float(max(len(it["ids"]) for it in chunk) - 1),
+    )
     stats = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_ref": 0.0}
+    if cfg.tis_cap is not None:
+        stats |= {"tis_weight": 0.0, "tis_capped": 0.0}
     optimizer.zero_grad()
-    for lo in range(0, len(chunk), cfg.micro_batch):
-        ids, attn, mask, adv, old_logp = tensors(chunk[lo : lo + cfg.micro_batch], pad_id)
+    mine = chunk[rank::size]
+    for lo in range(0, len(mine), cfg.micro_batch):
+        part = mine[lo : lo + cfg.micro_batch]
+        ids, attn, mask, adv, old_logp, rollout_logp = tensors(part, pad_id)  # [B,T] / [B,T-1]
         logits = model(input_ids=ids, attention_mask=attn).logits / temperature  # [B, T, V]
         logp, entropy = token_logprobs(logits, ids)  # [B, T-1] each
-        loss, s = ppo_clip_loss(logp, old_logp, adv, mask, cfg.clip_low, cfg.clip_high, n_tokens)
+        weights = None
+        share = float(mask.sum()) / norm.tokens
+        if cfg.tis_cap is not None:
+            weights = tis_weights(old_logp, rollout_logp, cfg.tis_cap)  # [B, T-1]
+            n = mask.sum().clamp(min=1)  # []
+            stats["tis_weight"] += float((weights * mask).sum() / n) * share
+            capped = (weights >= cfg.tis_cap).float()  # [B, T-1]
+            stats["tis_capped"] += float((capped * mask).sum() / n) * share
+        loss, s = ppo_clip_loss(
+            logp, old_logp, adv, mask, cfg.clip_low, cfg.clip_high, norm, cfg.loss_agg, weights
+        )
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
                 ref_logits = ref_model(input_ids=ids, attention_mask=attn).logits  # [B, T, V]
             ref_logp, _ = token_logprobs(ref_logits / temperature, ids)  # [B, T-1]
-            kl = kl_k3(logp, ref_logp, mask, n_tokens)  # []
+            kl = kl_k3(logp, ref_logp, mask, norm, cfg.loss_agg)  # []
             loss = loss + cfg.kl_coef * kl
             stats["kl_ref"] += kl.item()
         loss.backward()
-        share = float(mask.sum()) / n_tokens
         stats["loss"] += loss.item()
         stats["clip_frac"] += s["clip_frac"] * share
         stats["approx_kl"] += s["approx_kl"] * share
-        stats["entropy"] += float((entropy.detach() * mask).sum()) / n_tokens
+        stats["entropy"] += float((entropy.detach() * mask).sum()) / norm.tokens
+    if size > 1:
+        all_reduce_grads(model)
+        summed = torch.tensor(list(stats.values()), dtype=torch.float64)  # [S]
+        dist.all_reduce(summed)
+        stats = dict(zip(stats, summed.tolist(), strict=True))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    if not (math.isfinite(stats["loss"]) and math.isfinite(float(grad_norm))):
+        optimizer.zero_grad()
+        return None
     stats["grad_norm"] = float(grad_norm)
     optimizer.step()
     return stats
 
 
-def make_optimizer(model, cfg) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+@dataclass
+class TrainerState:
+    """What a resumed run needs beyond the weights: `step` counts optimizer steps over all rounds;
+    `round_step` steps done in an unfinished round (0: the round finished), with the pre-round
+    old log-probs it used for TIS."""
+
+    step: int = 0
+    round_step: int = 0
+    old_logprobs: list[list[float]] | None = None
 
 
-def save_state(folder: Path, optimizer, step: int) -> None:
-    state = {"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state()}
+def save_state(
+    folder: Path,
+    optimizer: Optimizers,
+    step: int,
+    round_step: int = 0,
+    old_logprobs: list[list[float]] | None = None,
+) -> None:
+    """Optimizer moments, every RNG the trainer may draw from, and the step counters."""
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "round_step": round_step,
+        "old_logprobs": old_logprobs,
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "numpy_rng": np.random.get_state(),
+    }
     torch.save(state, Path(folder) / STATE_FILE)
 
 
-def load_state(folder: Path, optimizer) -> int:
-    """Restore optimizer moments from the previous round, if it left any; returns its step."""
+def load_state(folder: Path, optimizer: Optimizers) -> TrainerState:
+    """Restore optimizer moments and RNGs from a previous save, if there is one."""
     path = Path(folder) / STATE_FILE
     if not path.exists():
-        return 0
+        return TrainerState()
     state = torch.load(path, weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
-    return int(state["step"])
+    if "python_rng" in state:
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+    return TrainerState(
+        step=int(state["step"]),
+        round_step=int(state.get("round_step", 0)),
+        old_logprobs=state.get("old_logprobs"),
+    )
