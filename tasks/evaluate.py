@@ -4,6 +4,7 @@ report.md, plots, sample trajectories), logged to MLflow."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +28,7 @@ from tasks.rollout import stage_of_model
 
 def run(params: Params, root: Path) -> dict:
     from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize
+    from rollwise.evaluate.halving import HalvingKnobs, select
     from rollwise.evaluate.report import (
         COST_LABEL,
         markdown,
@@ -47,23 +49,40 @@ def run(params: Params, root: Path) -> dict:
         max_context=params.policy.max_context,
         greedy=True,
     )
-    rows, matrix = [], []
-    candidates = ["00", *params.rounds]
-    for i, r in enumerate(candidates):
-        model, tokenizer = load_policy(require(model_dir(root, r), stage_of_model(r)))
-        episodes = evaluate_policy(HFBackend(model, tokenizer), tokenizer, suite, tasks, limits)
-        rows.append({"round": int(r), "candidate": f"round_{r}", **summarize(episodes)})
-        matrix.append(episodes.assign(candidate=f"round_{r}")[MATRIX_COLUMNS])
-        note = f"round {r}: held-out success {100 * rows[-1]['success']:.1f}%"
-        report_progress("evaluate", i + 1, len(candidates), note)
-    summary = pd.DataFrame(rows)
+    names = [f"round_{r}" for r in ["00", *params.rounds]]
+    by_id = {t.task_id: t for t in tasks}
+    ran: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
+    loaded: dict = {}  # the checkpoint in memory: cells run candidate by candidate
+    full_cells = len(names) * len(tasks)
+
+    def run_cells(name: str, task_ids: list[str]) -> list[float]:
+        if loaded.get("name") != name:
+            r = name.removeprefix("round_")
+            model, tokenizer = load_policy(require(model_dir(root, r), stage_of_model(r)))
+            loaded.update(name=name, backend=HFBackend(model, tokenizer), tokenizer=tokenizer)
+        picked = [by_id[t] for t in task_ids]
+        episodes = evaluate_policy(loaded["backend"], loaded["tokenizer"], suite, picked, limits)
+        ran[name].append(episodes.assign(candidate=name))
+        done = sum(len(e) for v in ran.values() for e in v)
+        report_progress("evaluate", done, full_cells, f"{name}: {len(task_ids)} cells")
+        success = dict(zip(episodes["task_id"], episodes["success"].astype(float), strict=True))
+        return [success[t] for t in task_ids]
+
+    budget = math.ceil(cfg.budget_frac * full_cells)
+    knobs = HalvingKnobs(**cfg.halving.model_dump())
+    chosen = select(cfg.method, names, list(by_id), run_cells, budget, knobs)
+    episodes_of = {n: pd.concat(ran[n], ignore_index=True) for n in names if ran[n]}
+    summary = pd.DataFrame(
+        [{"round": int(n[-2:]), "candidate": n, **summarize(e)} for n, e in episodes_of.items()]
+    )
+    episodes, tokenizer = episodes_of[chosen.winner], loaded["tokenizer"]  # samples: the winner
     spend = rollout_spend(root, list(params.rounds))
     curve = None if spend is None else summary.merge(spend, on="round")
     out_dir = root / "data" / "eval"
     with atomic_dir(out_dir) as out:
-        pd.concat(matrix).to_parquet(out / "matrix.parquet")
+        cell_matrix(chosen, episodes_of, names, list(by_id)).to_parquet(out / "matrix.parquet")
         summary.to_parquet(out / "summary.parquet")
-        write_json(out / "selection.json", selection(summary))
+        write_json(out / "selection.json", selection(chosen, summary))
         plot_rounds(summary, out / "per_round.png")
         if curve is not None:
             plot_spend(curve, "rollouts", "rollouts spent (episodes)", out / SPEND_PLOTS[0])
@@ -82,7 +101,10 @@ def run(params: Params, root: Path) -> dict:
     first, last = summary.iloc[0], summary.iloc[-1]
     return {
         "tasks": len(tasks),
-        "cells": int(summary["n"].sum()),
+        "cells": chosen.cells_used,
+        "cells_full": full_cells,
+        "cells_fraction": chosen.cells_used / full_cells,
+        "chosen_round": int(chosen.winner[-2:]),
         "warmstart_success": first["success"],
         "warmstart_success_lo": first["success_lo"],
         "warmstart_success_hi": first["success_hi"],
@@ -136,15 +158,26 @@ MATRIX_COLUMNS = [
 ]
 
 
-def selection(summary: pd.DataFrame) -> dict:
-    best = summary.loc[summary["success"].idxmax()]
+def cell_matrix(chosen, episodes_of: dict, names: list[str], task_ids: list[str]) -> pd.DataFrame:
+    """Every candidate x task cell; `ran` marks the cells executed, `order`/`rung` when and in
+    which rung (0 = warm-up core); cells that did not run have no outcome."""
+    log = pd.DataFrame([(c.candidate, c.item, c.order, c.rung) for c in chosen.cells],
+                       columns=["candidate", "task_id", "order", "rung"])  # fmt: skip
+    grid = pd.MultiIndex.from_product([names, task_ids], names=["candidate", "task_id"])
+    rows = pd.concat(episodes_of.values(), ignore_index=True)[MATRIX_COLUMNS].merge(log)
+    out = grid.to_frame(index=False).merge(rows, how="left", on=["candidate", "task_id"])
+    return out.assign(ran=out["order"].notna())
+
+
+def selection(chosen, summary: pd.DataFrame) -> dict:
+    """The winner with its held-out success and interval (on the cells it ran), the cells spent
+    against full evaluation, and how the choice was made."""
+    best = summary.set_index("candidate").loc[chosen.winner]
     return {
-        "mode": "full",
-        "winner": best["candidate"],
+        **chosen.summary(),
         "success": float(best["success"]),
         "interval": [float(best["success_lo"]), float(best["success_hi"])],
-        "cells_used": int(summary["n"].sum()),
-        "cells_full": int(summary["n"].sum()),
+        "winner_cells": int(best["n"]),
     }
 
 

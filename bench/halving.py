@@ -1,0 +1,202 @@
+"""Benchmark: paired successive halving against full evaluation, on candidate x item pools whose
+full matrix is known, so every selector's choice can be checked against full evaluation's.
+
+Pools (each a full (C, I) success matrix; a selector sees only the cells it asks for):
+- real: data/eval/matrix.parquet of pipeline runs that evaluated every checkpoint on every task
+  (`--matrices`; default: the orchestration bench's three seeds under .rollwise/bench/).
+- fitted: outcome matrices drawn from a 2PL fit to each real matrix (its abilities and items).
+- simulated: checkpoint series, C candidates with abilities ~ N(0, spread), items from the priors
+  of design.md §4 (spread 0.3: closely matched; 0.8: well separated).
+
+Selectors, per pool: `halving` under a budget of `--budget-frac` of full evaluation; then at the
+cells halving actually used, two baselines: unpaired successive halving (each survivor runs its
+own random items, eliminated by mean success, eta 2) and random item subsampling (every
+candidate on the same random items). Figures per selector: cells_fraction (cells / full),
+winner_agreement (the winner is full evaluation's winner or within 1 point of its full success),
+winner_exact, regret_pts (full success of full's winner minus the chosen one's, points).
+
+    .venv/bin/python bench/halving.py [--sims 20] [--budget-frac 0.4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rollwise.evaluate.halving import HalvingKnobs, select
+from rollwise.evaluate.irt import fit_2pl, prob
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results"
+
+
+def real_pools(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
+    """Full matrices of pipeline runs: candidates x tasks, success as 0/1."""
+    pools = []
+    for p in paths:
+        m = pd.read_parquet(p).pivot_table(index="candidate", columns="task_id", values="success")
+        pools.append((f"real:{p.parts[-4]}", m.dropna(axis=1).to_numpy(dtype=float)))
+    return pools
+
+
+def fitted_pools(real: list[tuple[str, np.ndarray]], per: int) -> list[tuple[str, np.ndarray]]:
+    """Matrices drawn from the 2PL fitted to each real matrix: same abilities and items."""
+    pools = []
+    for name, y in real:
+        fit = fit_2pl(y)
+        p = prob(fit.theta, fit.a, fit.b)  # (C, I)
+        for s in range(per):
+            draw = np.random.default_rng(1000 + s).random(p.shape) < p  # (C, I)
+            pools.append((f"fitted:{name[5:]}:{s}", draw.astype(float)))
+    return pools
+
+
+def simulated_pools(n: int, n_c: int = 8, n_i: int = 300) -> list[tuple[str, np.ndarray]]:
+    """Checkpoint series with known abilities; half closely matched, half well separated."""
+    pools = []
+    for s in range(n):
+        rng = np.random.default_rng(s)
+        spread = 0.3 if s % 2 == 0 else 0.8
+        theta = np.sort(rng.normal(0, spread, n_c))  # (C,)
+        a, b = np.exp(rng.normal(0, 0.5, n_i)), rng.normal(0, 1, n_i)  # (I,), (I,)
+        y = rng.random((n_c, n_i)) < prob(theta, a, b)  # (C, I)
+        pools.append((f"simulated:spread{spread}:{s}", y.astype(float)))
+    return pools
+
+
+def halving_choice(y: np.ndarray, budget: int, knobs: HalvingKnobs) -> tuple[int, int]:
+    """(winner row, cells used) of paired successive halving on the pool."""
+    names = [f"c{i}" for i in range(y.shape[0])]
+    items = [f"t{j}" for j in range(y.shape[1])]
+
+    def run_cells(c: str, its: list[str]) -> list[float]:
+        return [y[int(c[1:]), int(it[1:])] for it in its]
+
+    sel = select("halving", names, items, run_cells, budget, knobs)
+    return int(sel.winner[1:]), sel.cells_used
+
+
+def unpaired_choice(y: np.ndarray, budget: int, seed: int, eta: int = 2) -> tuple[int, int]:
+    """Successive halving without pairing: the budget split evenly over the rungs; in each rung
+    every survivor runs its own fresh random items; keep the top 1/eta by mean success."""
+    rng = np.random.default_rng(seed)
+    n_c, n_i = y.shape
+    order = {c: list(rng.permutation(n_i)) for c in range(n_c)}
+    seen: dict[int, list[int]] = {c: [] for c in range(n_c)}
+    survivors, rungs = list(range(n_c)), max(1, math.ceil(math.log(n_c, eta)))
+    for _ in range(rungs):
+        k = max(1, budget // rungs // len(survivors))
+        for c in survivors:
+            seen[c] += order[c][len(seen[c]) : len(seen[c]) + k]
+        mean = {c: y[c, seen[c]].mean() for c in survivors}
+        survivors = sorted(survivors, key=lambda c: -mean[c])[: math.ceil(len(survivors) / eta)]
+    return survivors[0], sum(len(v) for v in seen.values())
+
+
+def random_choice(y: np.ndarray, budget: int, seed: int) -> tuple[int, int]:
+    """Every candidate on the same random items, as many as the budget allows; best mean wins."""
+    n_c, n_i = y.shape
+    k = max(1, min(n_i, budget // n_c))
+    cols = np.random.default_rng(seed).choice(n_i, k, replace=False)  # (k,)
+    return int(np.argmax(y[:, cols].mean(1))), n_c * k
+
+
+def score(y: np.ndarray, winner: int, cells: int) -> dict:
+    mean = y.mean(1)  # (C,) full-evaluation success
+    regret = 100 * (mean.max() - mean[winner])
+    return {
+        "cells_fraction": cells / y.size,
+        "winner_exact": bool(winner == int(np.argmax(mean))),
+        "winner_agreement": bool(regret <= 1.0 + 1e-9),
+        "regret_pts": float(regret),
+    }
+
+
+def aggregate(rows: list[dict]) -> dict:
+    keys = ("cells_fraction", "winner_agreement", "winner_exact", "regret_pts")
+    return {k: float(np.mean([r[k] for r in rows])) for k in keys} | {"pools": len(rows)}
+
+
+def plot(per_method: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for name, fig_ in per_method.items():
+        ax.scatter(fig_["cells_fraction"], fig_["winner_agreement"], s=60, label=name)
+    ax.scatter([1.0], [1.0], marker="*", s=120, color="k", label="full evaluation")
+    ax.set_xlabel("cells executed / full evaluation")
+    ax.set_ylabel("winner agreement with full (within 1 pt)")
+    ax.set_xlim(0, 1.05)
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Checkpoint selection: cells spent vs agreement with full evaluation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    real = sorted(ROOT.glob(".rollwise/bench/seed_*/data/eval/matrix.parquet"))
+    parser.add_argument("--matrices", type=Path, nargs="*", default=real)
+    parser.add_argument("--sims", type=int, default=20)
+    parser.add_argument("--fitted-per-real", type=int, default=4)
+    parser.add_argument("--budget-frac", type=float, default=0.4)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    real = real_pools(args.matrices)
+    pools = real + fitted_pools(real, args.fitted_per_real) + simulated_pools(args.sims)
+    knobs = HalvingKnobs()
+    rows: dict[str, list[dict]] = {"halving": [], "unpaired_halving": [], "random_subsample": []}
+    groups: dict[str, dict[str, list[dict]]] = {}
+    for i, (name, y) in enumerate(pools):
+        winner, cells = halving_choice(y, math.floor(args.budget_frac * y.size), knobs)
+        results = {
+            "halving": score(y, winner, cells),
+            "unpaired_halving": score(y, *unpaired_choice(y, cells, seed=i)),
+            "random_subsample": score(y, *random_choice(y, cells, seed=i)),
+        }
+        group = name.split(":")[0] + (":" + name.split(":")[1] if "simulated" in name else "")
+        for method, r in results.items():
+            rows[method].append(r)
+            groups.setdefault(group, {}).setdefault(method, []).append(r)
+        print(name, y.shape, json.dumps(results["halving"]), flush=True)
+    per_method = {m: aggregate(r) for m, r in rows.items()}
+    plot(per_method, OUT / "halving.png")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    result = {
+        "command": " ".join(["python bench/halving.py", *sys.argv[1:]]),
+        "git_commit": commit,
+        "cells_fraction": per_method["halving"]["cells_fraction"],
+        "winner_agreement": per_method["halving"]["winner_agreement"],
+        "targets": {"cells_fraction": "<= 0.4", "winner_agreement": ">= 0.95"},
+        "winner_exact": per_method["halving"]["winner_exact"],
+        "regret_pts": per_method["halving"]["regret_pts"],
+        "baselines": {m: per_method[m] for m in ("unpaired_halving", "random_subsample")},
+        "by_pool_group": {g: {m: aggregate(r) for m, r in ms.items()} for g, ms in groups.items()},
+        "pools": len(pools),
+        "pool_shapes": {name: list(y.shape) for name, y in pools},
+        "budget_frac": args.budget_frac,
+        "knobs": knobs.__dict__,
+        "plot": "bench/results/halving.png",
+        "wall_s": time.perf_counter() - t0,
+    }
+    (OUT / "halving.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("cells_fraction", "winner_agreement", "baselines")}))
+
+
+if __name__ == "__main__":
+    main()
