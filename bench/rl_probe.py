@@ -32,6 +32,7 @@ from rollwise.policy.build import build_model, load_policy, save_policy  # noqa:
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.schedule import SCHEDULERS  # noqa: E402
+from rollwise.schedule.plan import Budget  # noqa: E402
 from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
 from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
 from tasks.warmstart import suite_tokenizer  # noqa: E402
@@ -62,9 +63,12 @@ def heldout(model, tok, suite, p, split: str = "heldout") -> dict:
 
 def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     cfg = p.rollout
+    # No history and one batch: static schedulers only (bench/envsched.py runs them all properly).
+    budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, r)
     plan = SCHEDULERS[p.schedule.method](
-        suite.catalog, None, p.schedule.tasks_per_round, cfg.samples_per_task, r
+        suite.catalog, None, budget, getattr(p.schedule, p.schedule.method, None)
     )
+    plan = plan[plan["batch"] == 0]
     specs = [
         EpisodeSpec(f"r{r}/{tid}/s{k}", suite.tasks[tid],
                     clone_env(suite.envs[suite.tasks[tid].env_id]), group=tid, sample=k, seed=k)

@@ -1,10 +1,14 @@
 """Stage `rollout@NN`: schedule tasks, sample G episodes each with policy round NN-1.
 
-Writes data/rollouts/round_NN/: plan.parquet (what was scheduled and why), episodes.parquet,
-steps.parquet, scheduler_state.json."""
+Reads the scheduler state of round NN-1 (data/rollouts/round_{NN-1}/scheduler_state.json: what
+earlier rounds observed; round 00's, empty, comes with the warm start). Writes
+data/rollouts/round_NN/: plan.parquet (what was scheduled and why, what ran and was kept),
+episodes.parquet and steps.parquet (the kept groups: the training batch), scheduler_state.json
+(the history with this round's groups appended, every group run, kept or burned)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +16,8 @@ import pandas as pd
 from rollwise.config import Params
 from rollwise.envs.runtime import load_suite
 from rollwise.schedule import SCHEDULERS
+from rollwise.schedule.history import extend, from_state, observe, to_state
+from rollwise.schedule.plan import Budget, execute_plan, plan_metrics, timed
 from rollwise.types import STEP_COLUMNS
 from tasks.common import (
     atomic_dir,
@@ -36,21 +42,14 @@ def run(params: Params, root: Path, r: str) -> dict:
     suite = load_suite(suite_dir)
     policy_dir = require(model_dir(root, prev), stage_of_model(prev))
     cfg, seed = params.rollout, params.schedule.seed * 1000 + int(r)
-    plan = SCHEDULERS[params.schedule.method](
-        suite.catalog, None, params.schedule.tasks_per_round, cfg.samples_per_task, seed
+    state = require(
+        round_dir(root, "rollouts", prev) / "scheduler_state.json", stage_of_state(prev)
     )
-    specs = [
-        EpisodeSpec(
-            f"r{r}/{task_id}/s{k}",
-            suite.tasks[task_id],
-            clone_env(suite.envs[suite.tasks[task_id].env_id]),
-            group=task_id,
-            sample=k,
-            seed=cfg.seed * 100000 + int(r) * 1000 + k,
-        )
-        for task_id, n in zip(plan["task_id"], plan["n_samples"], strict=True)
-        for k in range(n)
-    ]
+    history = from_state(json.loads(state.read_text()))
+    budget = Budget(params.schedule.tasks_per_round, cfg.samples_per_task, int(r), seed)
+    method = params.schedule.method
+    knobs = getattr(params.schedule, method, None)  # the method's own section; random has none
+    plan, schedule_s = timed(SCHEDULERS[method], suite.catalog, history, budget, knobs)
     limits = Limits(
         max_turns=cfg.max_turns,
         max_new_tokens=cfg.max_new_tokens,
@@ -63,34 +62,71 @@ def run(params: Params, root: Path, r: str) -> dict:
     )
     log(
         f"rollout@{r}",
-        f"{len(plan)} tasks x {cfg.samples_per_task} samples, policy round {prev}, "
+        f"{method}: {budget.tasks} tasks x {cfg.samples_per_task} samples, policy round {prev}, "
         f"executor {cfg.executor}, backend {cfg.backend}",
     )
-    episodes, steps = EXECUTORS[cfg.executor](
-        specs,
-        policy_dir,
-        suite_dir,
-        limits,
-        cfg,
-        load=lambda: load_checkpoint(policy_dir, stage_of_model(prev)),  # local: the loaded model
-    )
-    episodes = pd.DataFrame(episodes).assign(round=int(r), policy_version=int(prev))
-    episodes["cost"] = episode_costs(episodes, cfg.cost)
+    steps: list[dict] = []
+
+    def run_batch(rows: pd.DataFrame) -> pd.DataFrame:
+        """Episodes of some plan rows (one call for a static plan; DAPO calls it per batch)."""
+        specs = [
+            EpisodeSpec(
+                f"r{r}/{task_id}/s{k}",
+                suite.tasks[task_id],
+                clone_env(suite.envs[suite.tasks[task_id].env_id]),
+                group=task_id,
+                sample=k,
+                seed=cfg.seed * 100000 + int(r) * 1000 + k,
+            )
+            for task_id, n in zip(rows["task_id"], rows["n_samples"], strict=True)
+            for k in range(n)
+        ]
+        episodes, batch_steps = EXECUTORS[cfg.executor](
+            specs,
+            policy_dir,
+            suite_dir,
+            limits,
+            cfg,
+            load=lambda: load_checkpoint(policy_dir, stage_of_model(prev)),  # local: loaded model
+        )
+        steps.extend(batch_steps)
+        return pd.DataFrame(episodes)
+
+    executed, ran = execute_plan(plan, run_batch, budget.tasks)
+    ran = ran.assign(round=int(r), policy_version=int(prev))
+    ran["cost"] = episode_costs(ran, cfg.cost)
+    # The training batch is the kept groups; every rollout run (burned ones too) is spent,
+    # costed and observed by the scheduler.
+    episodes = ran[ran["task_id"].isin(executed.loc[executed["kept"], "task_id"])]
+    steps_table = pd.DataFrame(steps, columns=STEP_COLUMNS)
+    steps_table = steps_table[steps_table["episode_id"].isin(episodes["episode_id"])]
+    history = extend(history, observe(ran, int(r)))
     with atomic_dir(round_dir(root, "rollouts", r)) as out:
-        plan.assign(round=int(r)).to_parquet(out / "plan.parquet")
-        episodes.to_parquet(out / "episodes.parquet")
-        pd.DataFrame(steps, columns=STEP_COLUMNS).to_parquet(out / "steps.parquet")
-        write_json(out / "scheduler_state.json", {"method": params.schedule.method, "seed": seed})
-    return rollout_metrics(episodes)
+        executed.assign(round=int(r)).to_parquet(out / "plan.parquet")
+        episodes.reset_index(drop=True).to_parquet(out / "episodes.parquet")
+        steps_table.reset_index(drop=True).to_parquet(out / "steps.parquet")
+        write_json(out / "scheduler_state.json", to_state(history, method=method, round=int(r)))
+    return {
+        **rollout_metrics(ran),
+        **plan_metrics(executed),
+        "episodes_kept": len(episodes),
+        "schedule_s": schedule_s,
+    }
 
 
 def stage_of_model(r: str) -> str:
     return "warmstart" if r == "00" else f"train@{r}"
 
 
+def stage_of_state(r: str) -> str:
+    """Round 00's (empty) scheduler state comes with the warm start."""
+    return "warmstart" if r == "00" else f"rollout@{r}"
+
+
 def rollout_metrics(episodes: pd.DataFrame) -> dict:
-    """Per-round numbers for MLflow (step = round) and the summary table; `cost` is the
-    round's rollout cost (rollout/cost.py)."""
+    """Per-round numbers for MLflow (step = round) and the summary table, over every rollout
+    run (`episodes` is rollouts spent, burned ones included); `cost` is the round's rollout cost
+    (rollout/cost.py)."""
     group_std = episodes.groupby("group")["reward"].std(ddof=0)
     sums = episodes[
         [

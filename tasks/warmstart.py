@@ -17,7 +17,9 @@ from tasks.common import (
     model_dir,
     report_progress,
     require,
+    round_dir,
     stage_main,
+    write_json,
 )
 
 
@@ -26,6 +28,9 @@ def run(params: Params, root: Path) -> dict:
     from rollwise.train.sft import oracle_sequence, sft
 
     suite = load_suite(require(envs_dir(root), "generate"))
+    initial_schedule_state(root)
+    initial_credit_state(root)
+    initial_curate_state(root)
     if params.policy.model:
         return copy_user_model(Path(params.policy.model), model_dir(root, "00"))
     tokenizer = suite_tokenizer(suite)
@@ -48,6 +53,29 @@ def run(params: Params, root: Path) -> dict:
         "sft_final_loss": losses[-1] if losses else 0.0,
         "demos": len(train),
     }
+
+
+def initial_schedule_state(root: Path) -> None:
+    """Round 00's scheduler state: nothing observed yet. rollout@01 reads it the way every later
+    round reads its predecessor's, so dvc.yaml has one dependency pattern for all rounds."""
+    with atomic_dir(round_dir(root, "rollouts", "00")) as out:
+        write_json(out / "scheduler_state.json", {"round": 0, "history": {}})
+
+
+def initial_credit_state(root: Path) -> None:
+    """Round 00's credit state: no task tracked, no policy drift. credit@01 reads it the way
+    every later round reads its predecessor's (tasks/credit.py, credit/tracker.py)."""
+    with atomic_dir(round_dir(root, "advantages", "00")) as out:
+        write_json(out / "credit_state.json", {"round": 0, "drift": {"0": 0.0}, "tracker": {}})
+
+
+def initial_curate_state(root: Path) -> None:
+    """Round 00's curated folder: an empty success bank and quarantine list. curate@01 reads it
+    the way every later round reads its predecessor's (tasks/curate.py)."""
+    from tasks.curate import write_initial_state
+
+    with atomic_dir(round_dir(root, "curated", "00")) as out:
+        write_initial_state(out)
 
 
 def suite_tokenizer(suite):

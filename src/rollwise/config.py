@@ -72,10 +72,60 @@ class WarmstartConfig(Section):
     seed: int = 0
 
 
+class EnvSchedConfig(Section):
+    """EnvSched (schedule/envsched.py): predicted reward variance over a dual-relation graph."""
+
+    decay: float = Field(0.7, ge=0, le=1)  # per-round weight of older observations
+    prior_strength: float = Field(1.0, gt=0)  # pseudo-samples of p(1-p) in a task's own variance
+    confidence_half: float = Field(4.0, gt=0)  # samples at which own evidence weighs one half
+    prior_weight: float = Field(1.0, gt=0)  # neighbours' worth of the 0.25 prior in the pool
+    tools_weight: float = Field(0.6, ge=0)  # within-env edge: Jaccard of tools
+    tables_weight: float = Field(0.2, ge=0)  # ... of state tables
+    verifier_weight: float = Field(0.2, ge=0)  # ... same verifier type
+    k_neighbours: int = Field(16, ge=0)  # cross-env edges: nearest environments in shape
+    cross_weight: float = Field(1.0, ge=0)  # cross edges count this much of within edges
+    coverage: float = Field(0.05, ge=0)  # bonus for under-observed environments and shapes
+    max_env_share: float = Field(0.25, gt=0, le=1)  # quota: most of a batch one env may hold
+    similarity_penalty: float = Field(0.1, ge=0)  # x similarity to a task already picked
+
+
+class BandConfig(Section):
+    """Pass-rate band: tasks whose recent (decayed) success rate lies in [lo, hi]."""
+
+    lo: float = Field(0.1, ge=0, le=1)
+    hi: float = Field(0.9, ge=0, le=1)
+    decay: float = Field(0.5, ge=0, le=1)
+
+    @field_validator("hi")
+    @classmethod
+    def not_below_lo(cls, v: float, info) -> float:
+        if v < info.data.get("lo", 0.0):
+            raise ValueError("must be >= schedule.band.lo")
+        return v
+
+
+class DapoConfig(Section):
+    """DAPO dynamic sampling: generation batches of oversample x tasks, all-equal groups dropped."""
+
+    oversample: float = Field(1.0, gt=0)
+    max_batches: int = Field(4, ge=1)
+
+
+class SpoConfig(Section):
+    """SPO prioritized sampling: weight sqrt(p(1-p)) + floor over decayed Beta trackers."""
+
+    rho: float = Field(0.9, ge=0.875, le=0.96)  # fixed here; SPO adapts it to the KL
+    floor: float = Field(0.05, ge=0)
+
+
 class ScheduleConfig(Section):
-    method: Literal["random"] = "random"
+    method: Literal["random", "envsched", "band", "dapo", "spo"] = "random"
     tasks_per_round: int = Field(32, ge=1)
     seed: int = 0
+    envsched: EnvSchedConfig = EnvSchedConfig()
+    band: BandConfig = BandConfig()
+    dapo: DapoConfig = DapoConfig()
+    spo: SpoConfig = SpoConfig()
 
 
 class CostConfig(Section):
@@ -106,13 +156,67 @@ class RolloutConfig(Section):
 
 
 class CurateConfig(Section):
-    drop_env_errors: bool = True
+    """GEPA-Curator (curate/): attribute each failure before it may teach, quarantine tasks
+    whose signal stays unreliable, bank verified successes."""
+
+    # Non-policy episodes: drop them, weight them by 1 - confidence, or keep (evidence only).
+    action: Literal["drop", "weight", "keep"] = "drop"
+    min_confidence: float = Field(0.6, ge=0, le=1)  # a non-policy cause needs at least this
+    max_replays: int = Field(3, ge=1)  # per episode; more than one only where one disagrees
+    oracle_replays: int = Field(3, ge=0)  # per task without a verified success this round
+    retries: int = Field(2, ge=0)  # a replayed call failing as an environment error
+    replay_explained: bool = False  # replay even when an env error already explains it
+    min_samples: int = Field(8, ge=1)  # no-oracle tasks: samples before neighbours can judge
+    quarantine_share: float = Field(0.5, gt=0, le=1)  # of a task's episodes non-policy
+    quarantine_min_episodes: int = Field(4, ge=1)
+    quarantine_rounds: int = Field(2, ge=1)  # rounds such a task sits out
+    bank_per_task: int = Field(4, ge=1)  # success bank cap per task
+    bank_url: str | None = None  # s3://bucket/prefix: publish each round's bank there
+    replay_positives: int = Field(0, ge=0)  # banked successes per task as positives; 0 = off
+    seed: int = 0
+
+
+class GiGPOConfig(Section):
+    """GiGPO's knobs (verl-agent names); ConCal reuses them, replacing only the step returns."""
+
+    gamma: float = Field(0.95, ge=0, le=1)  # discount of the per-turn returns
+    omega: float = Field(1.0, ge=0)  # weight of the anchor-state (step) advantage
+    norm: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"  # both levels
+
+
+class ConCalConfig(Section):
+    pool_cap: float = Field(0.75, ge=0, le=1)  # most a shared-transition pool may replace
+
+
+class IAPOConfig(Section):
+    floor: float = Field(0.25, ge=0, le=1)  # routing weight of an action off the route
+
+
+class SPOConfig(Section):
+    """The per-task Beta tracker of spo and spo_pp (data/advantages/round_NN/tracker.parquet)."""
+
+    prior_p: float = Field(0.5, gt=0, lt=1)  # success estimate of a task never seen
+    prior_n: float = Field(2.0, gt=0)  # pseudo-count behind that prior
+    rho_min: float = Field(0.875, gt=0, le=1)  # decay clip (SPO's [0.875, 0.96])
+    rho_max: float = Field(0.96, gt=0, le=1)
+    d_half: float = Field(0.02, gt=0)  # policy KL at which old evidence counts half
+
+    @field_validator("rho_max")
+    @classmethod
+    def ordered(cls, v: float, info) -> float:
+        if v < info.data.get("rho_min", 0.0):
+            raise ValueError("rho_max must be >= rho_min")
+        return v
 
 
 class CreditConfig(Section):
-    method: Literal["grpo"] = "grpo"
-    std_norm: bool = True  # False gives Dr.GRPO's unscaled advantages
+    method: Literal["grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp"] = "grpo"
+    std_norm: bool = True  # False gives Dr.GRPO's unscaled advantages (grpo, iapo)
     eps: float = Field(1e-6, gt=0)
+    gigpo: GiGPOConfig = GiGPOConfig()  # gigpo and concal
+    concal: ConCalConfig = ConCalConfig()
+    iapo: IAPOConfig = IAPOConfig()
+    spo: SPOConfig = SPOConfig()  # spo and spo_pp
 
 
 class TrainConfig(Section):
@@ -126,6 +230,25 @@ class TrainConfig(Section):
     kl_coef: float = Field(0.0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     seed: int = 0
+    # train/loss.py AGGREGATIONS: how token losses become one number
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    # truncated importance sampling cap C: weight min(pi_train / pi_rollout, C); null: off
+    tis_cap: float | None = Field(None, gt=0)
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: 2-D hidden weights; AdamW the rest
+    muon_lr: float = Field(1e-3, gt=0)  # Muon's lr; `lr` stays AdamW's
+    max_nonfinite_steps: int = Field(3, ge=1)  # NaN guard: abort after this many skips in a row
+
+
+class HalvingConfig(Section):
+    """Paired successive halving (evaluate/halving.py HalvingKnobs documents each field)."""
+
+    warmup_frac: float = Field(0.1, gt=0, le=1)
+    round_frac: float = Field(0.05, gt=0, le=1)
+    eta: int = Field(2, ge=2)
+    alpha: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
 
 
 class EvaluateConfig(Section):
@@ -133,6 +256,9 @@ class EvaluateConfig(Section):
     max_tasks: int = Field(400, ge=1)
     max_turns: int = Field(6, ge=1)
     max_new_tokens: int = Field(48, ge=1)
+    method: Literal["full", "halving"] = "full"  # evaluate/halving.py SELECTORS
+    budget_frac: float = Field(0.4, gt=0, le=1)  # halving: cap on cells, share of full evaluation
+    halving: HalvingConfig = HalvingConfig()
 
 
 class Params(Section):
