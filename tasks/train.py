@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
+
+import numpy as np
 
 from rollwise.config import Params
 from tasks.common import (
@@ -27,7 +30,11 @@ def run(params: Params, root: Path, r: str) -> dict:
     from rollwise.train.trainer import load_state, save_state, train_round, training_batch
 
     prev = params.rounds[r]
-    torch.manual_seed(params.train.seed * 1000 + int(r))
+    seed = params.train.seed * 1000 + int(r)
+    # Every RNG the trainer state saves is seeded, so a rerun writes byte-identical outputs.
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
     model, tokenizer = load_checkpoint(model_dir(root, prev), stage_of_model(prev), take=True)
     advantages = read_table(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
     items = training_batch(kept_episodes(root, r), advantages)

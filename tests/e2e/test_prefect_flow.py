@@ -158,6 +158,19 @@ def flow_run_logs(api: httpx.Client, run_id: str) -> str:
             return "\n".join(lines)
 
 
+def create_run(api: httpx.Client, deployment_id: str, parameters: dict, name: str) -> str:
+    """POST create_flow_run as the UI does; a busy server's 503 is retried, as a user would."""
+    for attempt in range(5):
+        resp = api.post(
+            f"/deployments/{deployment_id}/create_flow_run",
+            json={"parameters": parameters, "name": name},
+        )
+        if resp.status_code < 500 or attempt == 4:
+            return resp.raise_for_status().json()["id"]
+        time.sleep(2.0 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def task_runs_of(api: httpx.Client, run_id: str) -> list[dict]:
     body = {"task_runs": {"flow_run_id": {"any_": [run_id]}}, "sort": "EXPECTED_START_TIME_ASC"}
     return api.post("/task_runs/filter", json=body).raise_for_status().json()
@@ -195,12 +208,7 @@ def test_two_ui_runs_at_once(project: Path, prefect_server: str, mlflow_server: 
 
         t0 = time.monotonic()
         created = {
-            name: api.post(
-                f"/deployments/{deployment['id']}/create_flow_run",
-                json={"parameters": parameters, "name": name},
-            )
-            .raise_for_status()
-            .json()["id"]
+            name: create_run(api, deployment["id"], parameters, name)
             for name, parameters in triggers.items()
         }  # both queued before either starts: "at once", as two users clicking Run
         runs = {name: wait_for_terminal(api, run_id, serve) for name, run_id in created.items()}
