@@ -25,6 +25,7 @@ from tasks.common import (
     load_checkpoint,
     log,
     model_dir,
+    read_table,
     require,
     round_dir,
     stage_main,
@@ -49,7 +50,11 @@ def run(params: Params, root: Path, r: str) -> dict:
     budget = Budget(params.schedule.tasks_per_round, cfg.samples_per_task, int(r), seed)
     method = params.schedule.method
     knobs = getattr(params.schedule, method, None)  # the method's own section; random has none
-    plan, schedule_s = timed(SCHEDULERS[method], suite.catalog, history, budget, knobs)
+    quarantine = read_table(
+        round_dir(root, "curated", prev) / "quarantine.parquet", stage_of_state(prev, "curate")
+    )
+    catalog = schedulable(suite.catalog, quarantine)
+    plan, schedule_s = timed(SCHEDULERS[method], catalog, history, budget, knobs)
     limits = Limits(
         max_turns=cfg.max_turns,
         max_new_tokens=cfg.max_new_tokens,
@@ -118,9 +123,15 @@ def stage_of_model(r: str) -> str:
     return "warmstart" if r == "00" else f"train@{r}"
 
 
-def stage_of_state(r: str) -> str:
-    """Round 00's (empty) scheduler state comes with the warm start."""
-    return "warmstart" if r == "00" else f"rollout@{r}"
+def stage_of_state(r: str, stage: str = "rollout") -> str:
+    """Round 00's (empty) scheduler and curator states come with the warm start."""
+    return "warmstart" if r == "00" else f"{stage}@{r}"
+
+
+def schedulable(catalog: pd.DataFrame, quarantine: pd.DataFrame) -> pd.DataFrame:
+    """The catalog minus the tasks the curator quarantined last round (their failures were not
+    the policy's; they sit out until the evidence changes)."""
+    return catalog[~catalog["task_id"].isin(set(quarantine["task_id"]))]
 
 
 def rollout_metrics(episodes: pd.DataFrame) -> dict:

@@ -288,3 +288,12 @@ def test_method_knobs_are_validated_by_key_path():
     with pytest.raises(ParamsError, match="schedule.spo.rho"):
         validate({"schedule": {"spo": {"rho": 0.5}}})
     assert set(SCHEDULERS) == {"random", "envsched", "band", "dapo", "spo"}
+
+
+def test_quarantined_tasks_are_never_scheduled():
+    from tasks.rollout import schedulable
+
+    catalog = pd.DataFrame({"task_id": ["a/t0", "a/t1", "b/t0"], "env_id": ["a", "a", "b"]})
+    quarantine = pd.DataFrame({"task_id": ["a/t1"], "cause": ["flaky_tool"]})
+    assert list(schedulable(catalog, quarantine)["task_id"]) == ["a/t0", "b/t0"]
+    assert len(schedulable(catalog, quarantine.iloc[:0])) == 3  # round 00: nothing quarantined
