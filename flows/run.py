@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from flows.lockfile import repair
 from flows.summary import NEXT_STEPS, summary_table
 from rollwise import track
 from rollwise.config import ParamsError, load_params
@@ -22,6 +23,8 @@ def main(root: Path = Path(".")) -> int:
     except ParamsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if (kept := repair(root)) is not None:  # a crash cut dvc.lock short: keep the whole records
+        print(f"dvc.lock was cut short by a crash: kept {len(kept)} stage records")
     run_id = track.open_run(root, params.model_dump(), run_name="dvc-repro")
     env = {**os.environ, "MLFLOW_RUN_ID": run_id}
     dvc = str(Path(sys.executable).parent / "dvc")

@@ -145,6 +145,10 @@ class DvcStages:
     def __init__(self, root: Path):
         from dvc.repo import Repo
 
+        from flows.lockfile import repair
+
+        if (kept := repair(root)) is not None:
+            print(f"dvc.lock in {root} was cut short by a crash: kept {len(kept)} stage records")
         self.root = root
         self.repo = Repo(str(root))
 
