@@ -530,3 +530,15 @@ def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
         torch.testing.assert_close(ddp_weights[k], v, atol=1e-5, rtol=1e-4)
     assert ddp_stats["loss"] == pytest.approx(stats["loss"], abs=1e-5)
     assert ddp_stats["tokens"] == stats["tokens"]
+
+
+def test_masked_nll_equals_the_full_logits_loss(model_and_pad):
+    from rollwise.train.sft import masked_nll, pad_batch
+
+    model, pad = model_and_pad
+    seqs = [([5, 6, 7, 8, 9], [0, 0, 1, 1, 1]), ([5, 6, 7], [0, 1, 1])]
+    ids, attn, loss_mask = pad_batch(seqs, pad)  # [2, 5] each
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [2, 4, V]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    full = (nll * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()  # []
+    assert torch.allclose(masked_nll(model, ids, attn, loss_mask), full, atol=1e-6)

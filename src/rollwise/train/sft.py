@@ -49,6 +49,16 @@ def pad_batch(seqs: list[tuple[list[int], list[int]]], pad_id: int):
     return ids, attn, loss_mask
 
 
+def masked_nll(model, ids, attn, loss_mask) -> torch.Tensor:
+    """Mean next-token NLL over the loss-mask tokens. The head runs on those positions only
+    (~1/4 of an oracle sequence: the prompt and observations are context, not targets): the same
+    loss as full logits, about a third less time per SFT step on 2 cores."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, T, H]
+    targets = loss_mask[:, 1:].bool()  # [B, T-1]
+    logits = model.get_output_embeddings()(hidden[:, :-1][targets])  # [N, V]
+    return torch.nn.functional.cross_entropy(logits, ids[:, 1:][targets])  # []
+
+
 def sft(
     model,
     seqs: list[tuple[list[int], list[int]]],
@@ -71,12 +81,7 @@ def sft(
     losses = []
     for step in range(cfg.steps):
         ids, attn, loss_mask = pad_batch(rng.sample(seqs, min(cfg.batch_size, len(seqs))), pad_id)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
-        nll = torch.nn.functional.cross_entropy(
-            logits.transpose(1, 2), ids[:, 1:], reduction="none"
-        )  # [B, T-1]
-        target_mask = loss_mask[:, 1:]  # [B, T-1]
-        loss = (nll * target_mask).sum() / target_mask.sum()  # []
+        loss = masked_nll(model, ids, attn, loss_mask)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
