@@ -2,20 +2,25 @@
 full matrix is known, so every selector's choice can be checked against full evaluation's.
 
 Pools (each a full (C, I) success matrix; a selector sees only the cells it asks for):
-- real: data/eval/matrix.parquet of pipeline runs that evaluated every checkpoint on every task
-  (`--matrices`; default: the orchestration bench's three seeds under .rollwise/bench/).
+- real: data/eval/matrix.parquet of runs that evaluated every checkpoint on every task
+  (`--matrices`; default: the orchestration bench's seeds under .rollwise/bench/ and the series
+  `--make-real N` builds there: N suites, each with the warm start's SFT checkpoints every 25
+  steps up to 200, evaluated on every held-out task by tasks/evaluate.py, method full).
 - fitted: outcome matrices drawn from a 2PL fit to each real matrix (its abilities and items).
 - simulated: checkpoint series, C candidates with abilities ~ N(0, spread), items from the priors
   of design.md §4 (spread 0.3: closely matched; 0.8: well separated).
 
-Selectors, per pool: `halving` under a budget of `--budget-frac` of full evaluation; then at the
+Selectors, per pool: `halving` (params.yaml's defaults: EvaluateConfig) under a cap of
+`--budget-frac` of full evaluation per pool (cells_fraction is the mean over pools); then at the
 cells halving actually used, two baselines: unpaired successive halving (each survivor runs its
 own random items, eliminated by mean success, eta 2) and random item subsampling (every
 candidate on the same random items). Figures per selector: cells_fraction (cells / full),
 winner_agreement (the winner is full evaluation's winner or within 1 point of its full success),
 winner_exact, regret_pts (full success of full's winner minus the chosen one's, points).
 
-    .venv/bin/python bench/halving.py [--sims 20] [--budget-frac 0.4]
+    .venv/bin/python bench/halving.py [--make-real 1] [--sims 100] [--budget-frac 0.6]
+
+The simulated pools use seeds 0..sims-1; the knobs were chosen on other seeds (1000..1199).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -31,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rollwise.config import EvaluateConfig
 from rollwise.evaluate.halving import HalvingKnobs, select
 from rollwise.evaluate.irt import fit_2pl, prob
 
@@ -45,6 +52,41 @@ def real_pools(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
         m = pd.read_parquet(p).pivot_table(index="candidate", columns="task_id", values="success")
         pools.append((f"real:{p.parts[-4]}", m.dropna(axis=1).to_numpy(dtype=float)))
     return pools
+
+
+SFT_STEPS = (25, 50, 75, 100, 125, 150, 175, 200)
+
+
+def make_real(folder: Path, seed: int) -> Path:
+    """A real pool: one warm-start SFT run (params.yaml's policy and warmstart, suite seed `seed`)
+    saved every 25 steps, every checkpoint on every held-out task (the evaluate stage's code)."""
+    sys.path.insert(0, str(ROOT))  # tasks/ is run from the repo root, not installed
+    from rollwise.config import load_params
+    from rollwise.envs.generate import generate_suite
+    from rollwise.envs.runtime import load_suite
+    from rollwise.policy.build import build_model, save_policy
+    from rollwise.train.sft import oracle_sequence, sft
+    from tasks.evaluate import evaluate_candidates, user_candidates
+    from tasks.warmstart import suite_tokenizer
+
+    params = load_params(ROOT / "params.yaml", {"envs.seed": seed, "evaluate.method": "full"})
+    generate_suite(params.envs, folder / "data" / "envs")
+    suite = load_suite(folder / "data" / "envs")
+    tok = suite_tokenizer(suite)
+    model = build_model(tok, params.policy)
+    demos = [oracle_sequence(t, suite.envs[t.env_id], tok) for t in suite.split("train")]
+    names = {s: f"sft_{s:03d}" for s in SFT_STEPS}
+
+    def save(step: int, loss: float) -> None:
+        if step + 1 in names:
+            save_policy(model, tok, folder / "models" / names[step + 1], {"sft_steps": step + 1})
+            print(f"{folder.name}: saved {names[step + 1]} (loss {loss:.3f})", flush=True)
+
+    cfg = params.warmstart.model_copy(update={"steps": max(SFT_STEPS)})
+    sft(model, demos, cfg, tok.pad_token_id, on_step=save)
+    found = user_candidates({n: f"models/{n}" for n in names.values()}, folder)
+    evaluate_candidates(params, folder, found, folder / "data" / "eval")
+    return folder / "data" / "eval" / "matrix.parquet"
 
 
 def fitted_pools(real: list[tuple[str, np.ndarray]], per: int) -> list[tuple[str, np.ndarray]]:
@@ -122,10 +164,11 @@ def score(y: np.ndarray, winner: int, cells: int) -> dict:
 
 def aggregate(rows: list[dict]) -> dict:
     keys = ("cells_fraction", "winner_agreement", "winner_exact", "regret_pts")
-    return {k: float(np.mean([r[k] for r in rows])) for k in keys} | {"pools": len(rows)}
+    out = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    return out | {"cells_fraction_max": max(r["cells_fraction"] for r in rows), "pools": len(rows)}
 
 
-def plot(per_method: dict[str, dict], path: Path) -> None:
+def plot(per_method: dict[str, dict], ablation: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,31 +177,48 @@ def plot(per_method: dict[str, dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for name, fig_ in per_method.items():
         ax.scatter(fig_["cells_fraction"], fig_["winner_agreement"], s=60, label=name)
+    for name, fig_ in ablation.items():
+        ax.scatter(fig_["cells_fraction"], fig_["winner_agreement"], s=60, facecolors="none",
+                   edgecolors="tab:blue", label=f"halving, {name}")  # fmt: skip
     ax.scatter([1.0], [1.0], marker="*", s=120, color="k", label="full evaluation")
     ax.set_xlabel("cells executed / full evaluation")
     ax.set_ylabel("winner agreement with full (within 1 pt)")
     ax.set_xlim(0, 1.05)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0.5, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("Checkpoint selection: cells spent vs agreement with full evaluation")
+    ax.legend(loc="lower right", fontsize=7)
+    ax.set_title("Checkpoint selection: cells spent vs agreement with full", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def git_commit() -> str:
+    """HEAD, marked "+uncommitted" when the tree has changes (or a snapshot has no .git)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                           text=True)  # fmt: skip
+    if head.returncode != 0:
+        return "unknown+uncommitted"
+    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    real = sorted(ROOT.glob(".rollwise/bench/seed_*/data/eval/matrix.parquet"))
+    real = sorted(ROOT.glob(".rollwise/bench/**/seed_*/data/eval/matrix.parquet"))
     parser.add_argument("--matrices", type=Path, nargs="*", default=real)
-    parser.add_argument("--sims", type=int, default=20)
+    parser.add_argument("--make-real", type=int, default=0, metavar="N",
+                        help="first build N real pools (seeds 0..N-1)")  # fmt: skip
+    parser.add_argument("--sims", type=int, default=100)
     parser.add_argument("--fitted-per-real", type=int, default=4)
-    parser.add_argument("--budget-frac", type=float, default=0.4)
+    parser.add_argument("--budget-frac", type=float, default=EvaluateConfig().budget_frac)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    real = real_pools(args.matrices)
+    made = [make_real(ROOT / ".rollwise" / "bench" / "halving_real" / f"seed_{s}", s)
+            for s in range(args.make_real)]  # fmt: skip
+    real = real_pools(sorted({*args.matrices, *made}))
     pools = real + fitted_pools(real, args.fitted_per_real) + simulated_pools(args.sims)
-    knobs = HalvingKnobs()
+    knobs = HalvingKnobs(**EvaluateConfig().halving.model_dump())
     rows: dict[str, list[dict]] = {"halving": [], "unpaired_halving": [], "random_subsample": []}
     groups: dict[str, dict[str, list[dict]]] = {}
     for i, (name, y) in enumerate(pools):
@@ -174,13 +234,22 @@ def main() -> None:
             groups.setdefault(group, {}).setdefault(method, []).append(r)
         print(name, y.shape, json.dumps(results["halving"]), flush=True)
     per_method = {m: aggregate(r) for m, r in rows.items()}
-    plot(per_method, OUT / "halving.png")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    ablation = {  # what the two test levels and the per-selection cap each bought
+        label: aggregate([score(y, *halving_choice(y, math.floor(frac * y.size), k))
+                          for _, y in pools])
+        for label, k, frac in [
+            ("one level alpha = stop_alpha = 0.2, cap 0.4 (before)",
+             HalvingKnobs(**{**knobs.__dict__, "alpha": 0.2, "stop_alpha": 0.2}), 0.4),
+            ("these knobs, cap 0.4", knobs, 0.4),
+        ]
+    }  # fmt: skip
+    plot(per_method, ablation, OUT / "halving.png")
+    commit = git_commit()
     result = {
         "command": " ".join(["python bench/halving.py", *sys.argv[1:]]),
         "git_commit": commit,
         "cells_fraction": per_method["halving"]["cells_fraction"],
+        "cells_fraction_max": per_method["halving"]["cells_fraction_max"],
         "winner_agreement": per_method["halving"]["winner_agreement"],
         "targets": {"cells_fraction": "<= 0.4", "winner_agreement": ">= 0.95"},
         "winner_exact": per_method["halving"]["winner_exact"],
@@ -188,6 +257,9 @@ def main() -> None:
         "baselines": {m: per_method[m] for m in ("unpaired_halving", "random_subsample")},
         "by_pool_group": {g: {m: aggregate(r) for m, r in ms.items()} for g, ms in groups.items()},
         "pools": len(pools),
+        "real_pools": len(real),
+        "real_matrices": [os.path.relpath(p, ROOT) for p in sorted({*args.matrices, *made})],
+        "ablation": ablation,
         "pool_shapes": {name: list(y.shape) for name, y in pools},
         "budget_frac": args.budget_frac,
         "knobs": knobs.__dict__,

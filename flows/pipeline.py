@@ -373,18 +373,35 @@ def evaluate_only(
         description='Evaluation keys to change, dotted: {"evaluate.max_tasks": 100}.',
     ),
     params_file: str = PARAMS_FILE,
+    candidates: dict[str, str] = Field(
+        default={},
+        description="Your own checkpoints, {name: Hugging Face model folder} (relative: to the "
+        "project root); evaluated beside every round's checkpoint (evaluate.candidates).",
+    ),
+    candidates_only: bool = Field(
+        default=False,
+        description="Evaluate only `candidates`: no pipeline rounds needed, only the generated "
+        "suite; outputs in the run's data/eval_candidates/.",
+    ),
 ) -> dict:
     """Evaluation alone: every upstream stage must come from DVC (up to date or in the
     run-cache); only `evaluate` runs here. Fails, naming the stage, if anything upstream was
-    never computed with these params."""
+    never computed with these params. A missing or unloadable candidate folder fails before
+    any cell runs."""
     base = ROOT / RUNS_DIR / folder_name(from_run) / "params.yaml" if from_run else params_file
     if from_run and not Path(base).exists():
         raise WorkspaceError(f"no pipeline run named {from_run!r}: {base} does not exist")
+    if candidates:  # absolute: the run's worktree is another folder
+        found = {k: str(ROOT / Path(v).expanduser()) for k, v in candidates.items()}
+        overrides = {**overrides, "evaluate.candidates": found}
     params, raw, base = resolve_params(base, overrides)
+    if candidates_only and not params.evaluate.candidates:
+        raise ParamsError("candidates_only: no candidates given")
     name = folder_name(run_name)
     one_torch_thread()
     with experiment(name, raw, overrides, base, params) as (stages, _):
-        for stage, r in stage_order(params)[:-1]:
+        upstream = stage_order(params)[: 1 if candidates_only else -1]
+        for stage, r in upstream:
             name = label(stage, r)
             if not (stages.is_up_to_date(name) or stages.restore(name)):
                 raise WorkspaceError(
@@ -392,7 +409,18 @@ def evaluate_only(
                     "deployment with them first"
                 )
             recorded_metrics(stages.root, params, name)
+        if candidates_only:
+            return evaluate_candidates_task(params, stages.root)
         return evaluate_stage(params, stages)
+
+
+@task(name="evaluate-candidates", log_prints=True, cache_policy=NO_CACHE, persist_result=False)
+def evaluate_candidates_task(params: Params, root: Path) -> dict:
+    """Only params' own candidates, outside DVC's record (nothing in dvc.lock changes)."""
+    found = evaluate.user_candidates(params.evaluate.candidates, root)
+    out = root / evaluate.CANDIDATES_OUT
+    chosen, summary, n_tasks = evaluate.evaluate_candidates(params, root, found, out)
+    return evaluate.stage_metrics(chosen, found, summary, n_tasks)
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -26,3 +26,45 @@ def test_a_capped_evaluation_spans_every_environment_and_is_stable(tmp_path: Pat
         t.task_id for t in picked
     ]
     assert len(evaluation_tasks(suite, "heldout", 10_000)) == len(heldout)
+
+
+def test_report_has_a_checkpoint_selection_section():
+    """report.md says how the checkpoint was chosen: method, winner and its interval, cells
+    against full evaluation, and every rung with who was dropped after it."""
+    import numpy as np
+    import pandas as pd
+
+    from rollwise.evaluate.full import wilson
+    from rollwise.evaluate.halving import select
+    from rollwise.evaluate.report import markdown
+    from tasks.evaluate import selection
+    from tests.test_halving import simulate
+
+    y = simulate(2, np.linspace(-0.3, 0.3, 8), 300)  # closely matched: several rungs
+    names, items = [f"c{i}" for i in range(8)], [f"t{j}" for j in range(300)]
+    chosen = select(
+        "halving", names, items, lambda c, its: [y[int(c[1:]), int(t[1:])] for t in its]
+    )
+    ran = pd.DataFrame([(c.candidate, c.outcome) for c in chosen.cells], columns=["c", "y"])
+    rows = []
+    for name, g in ran.groupby("c", sort=False):
+        lo, hi = wilson(int(g["y"].sum()), len(g))
+        rows.append({"candidate": name, "round": None, "n": len(g), "success": g["y"].mean(),
+                     "success_lo": lo, "success_hi": hi, "reward": g["y"].mean()})  # fmt: skip
+    summary = pd.DataFrame(rows).astype({"round": "Int64"})
+    sel = selection(chosen, summary)
+    text = markdown(summary, 300, None, (), sel)
+    section = text[text.index("## Checkpoint selection") :]
+    best = summary.set_index("candidate").loc[chosen.winner]
+    assert "Method: paired successive halving" in section and chosen.stopped in section
+    assert f"Winner: **{chosen.winner}**, held-out success {100 * best['success']:.1f}% " in section
+    assert f"(95% CI {100 * best['success_lo']:.1f}–{100 * best['success_hi']:.1f}%)" in section
+    assert f"Cells: {chosen.cells_used} of the {8 * 300} of full evaluation" in section
+    table = [line for line in section.splitlines() if line.startswith("| ") and "rung" not in line]
+    assert len(table) == len(chosen.rungs) >= 3 and table[0].startswith("| 0 (warm-up) | 8: c0,")
+    # The winner ran every rung's new tasks; every other candidate is dropped exactly once (the
+    # last rung's others at the end).
+    assert sum(sel["rung_items"]) == best["n"]
+    dropped = [c for line in table for c in line.split(" | ")[-1].rstrip(" |").split(", ")]
+    assert sorted(c for c in dropped if c != "-") == sorted(set(names) - {chosen.winner})
+    assert "Winner" not in markdown(summary, 300)  # no selection given: no section

@@ -114,3 +114,14 @@ def test_params_yaml_names_a_bad_evaluate_key(tmp_path):
     (tmp_path / "params.yaml").write_text("evaluate: {method: random}\n")
     with pytest.raises(ParamsError, match="evaluate.method"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_the_stop_needs_stronger_evidence_than_the_guard():
+    """c0 beats c1 on 6 discordant items of 7 (sign test p = 8/128 = 0.0625): enough to drop
+    c1 at alpha 0.1, not enough to stop the search at stop_alpha 0.05."""
+    y = np.array([[1, 1, 1, 1, 1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 0, 1, 1, 0, 1]], dtype=float)
+    loose, _ = run(y, warmup_frac=1.0, stop_alpha=0.2)
+    strict, _ = run(y, warmup_frac=1.0)
+    assert loose.stopped == "leader beats every survivor"
+    assert strict.stopped == "items exhausted" and strict.winner == loose.winner == "c0"
+    assert HalvingKnobs().stop_alpha < HalvingKnobs().alpha

@@ -4,6 +4,7 @@ with an error that names the key path (e.g. `params.yaml: train.lr: Input should
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -247,7 +248,8 @@ class HalvingConfig(Section):
     warmup_frac: float = Field(0.1, gt=0, le=1)
     round_frac: float = Field(0.05, gt=0, le=1)
     eta: int = Field(2, ge=2)
-    alpha: float = Field(0.2, gt=0, lt=1)
+    alpha: float = Field(0.1, gt=0, lt=1)
+    stop_alpha: float = Field(0.05, gt=0, lt=1)
     seed: int = 0
 
 
@@ -257,8 +259,19 @@ class EvaluateConfig(Section):
     max_turns: int = Field(6, ge=1)
     max_new_tokens: int = Field(48, ge=1)
     method: Literal["full", "halving"] = "full"  # evaluate/halving.py SELECTORS
-    budget_frac: float = Field(0.4, gt=0, le=1)  # halving: cap on cells, share of full evaluation
+    budget_frac: float = Field(0.6, gt=0, le=1)  # halving: cap on cells, share of full evaluation
     halving: HalvingConfig = HalvingConfig()
+    # Extra candidates beside every round's checkpoint: name -> a Hugging Face model folder.
+    candidates: dict[str, str] = {}
+
+    @field_validator("candidates")
+    @classmethod
+    def candidate_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name.startswith("round_"):
+                raise ValueError(f"candidate name {name!r}: letters, digits, . _ - only, and "
+                                 "not round_* (the pipeline's own checkpoints)")  # fmt: skip
+        return v
 
 
 class Params(Section):

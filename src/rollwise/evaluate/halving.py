@@ -7,6 +7,14 @@ sign test cannot separate from the leader, then every survivor runs the same mos
 unused items (sum over survivors of a^2 p (1 - p)); it stops when the leader beats every other
 survivor, when the items or the budget run out.
 
+Two tests, two levels: keeping a candidate (`alpha`) only costs cells, stopping (`stop_alpha`,
+Bonferroni over the survivors) is final, so the stop needs the stronger evidence. With one level
+(0.2 for both) and a cap of 0.4, bench/halving.py traced its misses to: the true best dropped in
+an early rung by a sign test on 30-75 items; the cap ending the search while near-tied finalists
+had shared only half the items; and false early stops. The budget is a cap per selection (params
+`evaluate.budget_frac`, 0.6): clear pools stop long before it, so the mean spent stays under 0.4
+while close ones can finish their finalists (bench/results/halving.json, `ablation`).
+
 Departures from design.md §3/§4, on purpose:
 - `run_cells(candidate, items) -> outcomes` runs one candidate on a list of items (one episode
   per cell), so a real backend batches them; every cell still runs at most once (CellLog).
@@ -37,7 +45,8 @@ class HalvingKnobs:
     warmup_frac: float = 0.1  # share of the items every candidate runs first (the core)
     round_frac: float = 0.05  # share of the items rung 1 adds; each later rung adds eta times more
     eta: int = 2  # keep the top 1/eta each rung
-    alpha: float = 0.2  # one-sided paired sign test: at or above it, a candidate is kept
+    alpha: float = 0.1  # one-sided paired sign test vs the leader: at or above it, kept
+    stop_alpha: float = 0.05  # the leader must beat every survivor below stop_alpha / survivors
     seed: int = 0  # order of the core and of ties among items with equal information
 
 
@@ -72,7 +81,8 @@ class Selection:
         """The JSON-able part (no cell log): what selection.json carries."""
         out = {k: v for k, v in asdict(self).items() if k != "cells"}
         fraction = self.cells_used / max(self.cells_full, 1)
-        return {**out, "cells_used": self.cells_used, "cells_fraction": fraction}
+        new = [len({c.item for c in self.cells if c.rung == r}) for r in range(len(self.rungs))]
+        return {**out, "rung_items": new, "cells_used": self.cells_used, "cells_fraction": fraction}
 
 
 class CellLog:
@@ -145,7 +155,7 @@ def halving(
         survivors.sort(key=lambda c: -theta[c])  # stable: ties keep candidate order
         leader = survivors[0]
         p = {c: paired_p(log, leader, c, used) for c in survivors[1:]}
-        if all(v < knobs.alpha / len(p) for v in p.values()):  # Bonferroni: it beats them all
+        if all(v < knobs.stop_alpha / len(p) for v in p.values()):  # Bonferroni: beats them all
             stopped = "leader beats every survivor" if len(survivors) > 1 else "one survivor"
             break
         top = math.ceil(len(survivors) / knobs.eta)

@@ -44,6 +44,28 @@ def plot_rounds(summary: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_candidates(summary: pd.DataFrame, winner: str, path: Path) -> None:
+    """Held-out success of every candidate with its 95% interval (on the cells it ran), the
+    chosen one marked: the picture of the choice, whatever the candidates are."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 0.9 + 0.35 * len(summary)))
+    y = range(len(summary))
+    mid, lo, hi = (100 * summary[k].to_numpy() for k in ("success", "success_lo", "success_hi"))
+    colors = ["tab:orange" if c == winner else "tab:blue" for c in summary["candidate"]]
+    ax.errorbar(mid, y, xerr=[mid - lo, hi - mid], fmt="none", ecolor="gray", capsize=3)
+    ax.scatter(mid, y, c=colors, zorder=3)
+    names = [f"{c} ({n} cells)" for c, n in zip(summary["candidate"], summary["n"], strict=True)]
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("held-out success (%), 95% interval")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(f"Candidates (chosen: {winner})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_spend(curve: pd.DataFrame, x: str, xlabel: str, path: Path) -> None:
     """Held-out success (95% band) of each candidate against the cumulative rollout spend `x`
     that produced it: what a round of RL bought, in the unit the budget is spent in."""
@@ -126,26 +148,35 @@ def markdown(
     n_tasks: int,
     curve: pd.DataFrame | None = None,
     samples: Sequence[str] = (),
+    selection: Mapping | None = None,
 ) -> str:
+    """report.md: a row per candidate (success on the cells it ran), the per-round gain when the
+    rounds were evaluated, how the checkpoint was chosen (`selection`: selection.json), spend."""
     criteria = [c for c in summary.columns if c.startswith("criterion_")]
-    head = "| round | success | 95% CI | reward | " + " | ".join(c[10:] for c in criteria) + " |"
+    head = "| candidate | cells | success | 95% CI | reward | " + " | ".join(
+        c[10:] for c in criteria
+    ) + " |"  # fmt: skip
     lines = [
         "# Held-out evaluation",
         "",
         f"{n_tasks} held-out tasks, greedy, one episode each.",
         "",
         head,
-        "|" + "---|" * (4 + len(criteria)),
+        "|" + "---|" * (5 + len(criteria)),
     ]
     for row in summary.itertuples():
         crit = " | ".join(f"{getattr(row, c):.2f}" for c in criteria)
         lines.append(
-            f"| {row.round} | {100 * row.success:.1f}% | {100 * row.success_lo:.1f}–"
+            f"| {row.candidate} | {row.n} | {100 * row.success:.1f}% | {100 * row.success_lo:.1f}–"
             f"{100 * row.success_hi:.1f}% | {row.reward:.3f} | {crit} |"
         )
-    first, last = summary.iloc[0], summary.iloc[-1]
-    gain = 100 * (last["success"] - first["success"])
-    lines += ["", f"Final minus warm start: {gain:+.1f} points.", "", "![per round](per_round.png)"]
+    rounds = summary.dropna(subset=["round"]).sort_values("round")
+    if len(rounds) > 1:
+        gain = 100 * (rounds.iloc[-1]["success"] - rounds.iloc[0]["success"])
+        lines += ["", f"Final round minus warm start: {gain:+.1f} points.", "",
+                  "![per round](per_round.png)"]  # fmt: skip
+    if selection is not None:
+        lines += ["", *selection_section(selection)]
     if curve is not None:
         lines += [
             "",
@@ -167,6 +198,46 @@ def markdown(
             "![success vs cost](success_vs_cost.png)",
         ]
     if samples:
-        lines += ["", "## Sample trajectories (final candidate)", ""]
+        lines += ["", "## Sample trajectories (the chosen candidate)", ""]
         lines += [f"- [{name}](trajectories/{name})" for name in samples]
     return "\n".join(lines) + "\n"
+
+
+METHODS = {
+    "full": "full evaluation (every candidate on every task)",
+    "halving": "paired successive halving (evaluate/halving.py)",
+}
+
+
+def selection_section(sel: Mapping) -> list[str]:
+    """ "Checkpoint selection": method, the winner with its interval, cells used against full
+    evaluation, and each rung (who ran it, how many new tasks, who was dropped after it)."""
+    w = sel["winner"]
+    lo, hi = sel["interval"]
+    lines = [
+        "## Checkpoint selection",
+        "",
+        f"Method: {METHODS.get(sel['method'], sel['method'])}; stopped: {sel['stopped']}.",
+        "",
+        f"Winner: **{w}**, held-out success {100 * sel['success']:.1f}% (95% CI "
+        f"{100 * lo:.1f}–{100 * hi:.1f}%) on the {sel['winner_cells']} tasks it ran.",
+    ]
+    if sel.get("theta_se"):
+        theta, se = sel["theta"][w], sel["theta_se"][w]
+        lines[-1] += f" Ability (2PL, items fixed): {theta:.2f} ± {1.96 * se:.2f}."
+    lines += [
+        "",
+        f"Cells: {sel['cells_used']} of the {sel['cells_full']} of full evaluation "
+        f"({100 * sel['cells_fraction']:.1f}%).",
+        "",
+        "| rung | survivors | new tasks | dropped after the rung |",
+        "|---|---|---|---|",
+    ]
+    rungs = sel["rungs"]
+    for r, survivors in enumerate(rungs):
+        nxt = rungs[r + 1] if r + 1 < len(rungs) else [w]
+        dropped = [c for c in survivors if c not in nxt]
+        name = "0 (warm-up)" if r == 0 and sel["method"] == "halving" else str(r)
+        lines.append(f"| {name} | {len(survivors)}: {', '.join(survivors)} | "
+                     f"{sel['rung_items'][r]} | {', '.join(dropped) or '-'} |")  # fmt: skip
+    return [*lines, "", "![candidates](candidates.png)"]
