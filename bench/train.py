@@ -2,25 +2,31 @@
 over raw forward+backward tokens/s on the same micro-batches, for AdamW and Muon; peak RSS.
 The policy is the default tiny Qwen2 of params.yaml; one torch thread.
 
-    .venv/bin/python bench/train.py [--episodes 64] [--length 160] [--repeats 4]
+Then AdamW vs Muon at equal budget: one shared warm start (bench/rl_probe.py's, cached), the
+same RL rounds (rollouts, GRPO, PPO steps) with each optimizer at its params.yaml lr, held-out
+greedy success with Wilson 95% intervals. A small suite and few rounds, so it fits in minutes.
+
+    .venv/bin/python bench/train.py [--episodes 64] [--length 160] [--repeats 4] [--rounds 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollwise.config import PolicyConfig, TrainConfig  # noqa: E402
+from rollwise.config import PolicyConfig, TrainConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.policy.build import build_model, train_tokenizer  # noqa: E402
 from rollwise.train.loss import token_logprobs  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
@@ -64,11 +70,62 @@ def timed_pair(raw_fn, train_fn, repeats: int) -> tuple[float, float]:
     return best[0], best[1]
 
 
+# The held-out comparison's config: params.yaml's policy, lrs and loss, on a smaller suite with a
+# shorter warm start and fewer rollouts per round.
+HELDOUT_CONFIG = {
+    "envs.n_envs": 6, "envs.tasks_per_env": 24, "envs.heldout_envs": 1,
+    "envs.heldout_task_frac": 0.3,
+    "warmstart.steps": 400, "warmstart.batch_size": 16,
+    "schedule.tasks_per_round": 16, "rollout.samples_per_task": 4,
+    "train.epochs": 1, "evaluate.max_tasks": 100,
+}  # fmt: skip
+
+
+def relative_change(start, model) -> float:
+    """||theta - theta_0|| / ||theta_0|| over all weights: how far the RL rounds moved them."""
+    before = torch.cat([p.detach().flatten() for p in start.parameters()])  # [P]
+    after = torch.cat([p.detach().flatten() for p in model.parameters()])  # [P]
+    return float((after - before).norm() / before.norm())
+
+
+def heldout_adamw_vs_muon(rounds: int, cache: Path) -> dict:
+    """Both optimizers from one warm start, `rounds` RL rounds each, held-out greedy success."""
+    from bench.rl_probe import heldout, rl_round, warm_start
+
+    p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), HELDOUT_CONFIG))
+    cache.mkdir(parents=True, exist_ok=True)
+    suite, start, tok = warm_start(p, cache)
+    before = heldout(start, tok, suite, p)
+    out: dict = {"config": HELDOUT_CONFIG, "rl_rounds": rounds, "heldout_tasks": before["n"],
+                 "warm_start_success": before["success"]}  # fmt: skip
+    probe_args = SimpleNamespace(reward="rubric", negative_scale=1.0)
+    for name in ("adamw", "muon"):
+        model = copy.deepcopy(start)
+        q = p.model_copy(update={"train": p.train.model_copy(update={"optimizer": name})})
+        torch.manual_seed(0)
+        opt = make_optimizer(model, q.train)
+        log = [rl_round(r, model, tok, suite, q, opt, probe_args) for r in range(1, rounds + 1)]
+        after = heldout(model, tok, suite, q)
+        out[name] = {
+            "lr": q.train.muon_lr if name == "muon" else q.train.lr,
+            "heldout_success": after["success"],
+            "heldout_success_ci95": [after["success_lo"], after["success_hi"]],
+            "gain_pts": 100 * (after["success"] - before["success"]),
+            "sample_success_by_round": [row["sample_success"] for row in log],
+            "weight_change_rel": relative_change(start, model),
+            "train_s": sum(row["train_s"] for row in log),
+        }
+        print(name, json.dumps(out[name]), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--length", type=int, default=160)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=4, help="RL rounds per optimizer; 0: skip")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "train.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -98,8 +155,10 @@ def main() -> None:
         }
         print(name, json.dumps(result[name]), flush=True)
     result["train_vs_raw_fwd_bwd_ratio"] = result["adamw"]["train_vs_raw_fwd_bwd_ratio"]
+    # peak RSS of the throughput part (the RL rounds below build suites and evaluate too)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["heldout_adamw_vs_muon"] = None  # not measured: needs RL rounds (bench/rl_probe.py)
+    if args.rounds:
+        result["heldout_adamw_vs_muon"] = heldout_adamw_vs_muon(args.rounds, args.cache)
     result["command"] = "python bench/train.py " + " ".join(sys.argv[1:])
     result["git_commit"] = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True

@@ -1,8 +1,18 @@
-"""Stage `train@NN`: one PPO-clip update of policy NN-1 -> models/round_NN/ (+ trainer state)."""
+"""Stage `train@NN`: one PPO-clip update of policy NN-1 -> models/round_NN/ (+ trainer state).
+
+With train.world_size > 1 the stage relaunches itself under torchrun (`torch.distributed.run`):
+each rank trains on its share of every minibatch, rank 0 writes the checkpoint and the metrics.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,35 +27,57 @@ from tasks.common import (
     read_table,
     round_dir,
     stage_main,
+    write_json,
 )
 from tasks.credit import kept_episodes
 from tasks.rollout import stage_of_model
 
+# Set for the ranks of a torchrun launch: the folder with params.json (in) and metrics.json (out).
+LAUNCH_ENV = "ROLLWISE_TRAIN_LAUNCH"
+CODE_ROOT = Path(__file__).resolve().parents[1]
+
 
 def run(params: Params, root: Path, r: str) -> dict:
+    if params.train.world_size > 1:
+        return launch(params, root, r)
+    return train(params, root, r)
+
+
+def train(params: Params, root: Path, r: str, device=None) -> dict:
+    """This process's share of the round; rank 0 (or the only process) saves the checkpoint."""
     import torch
 
     from rollwise.policy.build import load_policy, save_policy
     from rollwise.train.optim import apply_lrs, make_optimizer
-    from rollwise.train.trainer import load_state, save_state, train_round, training_batch
+    from rollwise.train.prepare import export, prepare
+    from rollwise.train.trainer import load_state, save_state, train_round, training_batch, world
 
-    prev = params.rounds[r]
-    seed = params.train.seed * 1000 + int(r)
-    # Every RNG the trainer state saves is seeded, so a rerun writes byte-identical outputs.
+    cfg, prev = params.train, params.rounds[r]
+    seed = cfg.seed * 1000 + int(r)
+    # Every RNG the trainer state saves is seeded, so a rerun writes byte-identical outputs (and
+    # every DDP rank draws the same LoRA initialization).
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     model, tokenizer = load_checkpoint(model_dir(root, prev), stage_of_model(prev), take=True)
     advantages = read_table(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
     items = training_batch(kept_episodes(root, r), advantages)
-    optimizer = make_optimizer(model, params.train)
-    step = load_state(model_dir(root, prev), optimizer).step
-    apply_lrs(optimizer, params.train)  # the params' lrs win over the saved ones
-    ref = load_policy(model_dir(root, "00"))[0] if params.train.kl_coef > 0 else None
+    model = prepare(model, cfg, device)
+    optimizer = make_optimizer(model, cfg)
+    # LoRA: round r's adapters are new (r-1's are merged into its weights): no moments to resume
+    step = load_state(model_dir(root, prev), optimizer if cfg.lora is None else None).step
+    apply_lrs(optimizer, cfg)  # the params' lrs win over the saved ones
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = load_policy(model_dir(root, "00"))[0].to(next(model.parameters()).device)
     metrics = train_round(
-        model, items, params.train, optimizer, tokenizer.pad_token_id, ref,
+        model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
         temperature=params.rollout.temperature,
     )  # fmt: skip
+    rank, metrics["world_size"] = world()
+    if rank != 0:
+        return metrics
+    model = export(model)
     with atomic_dir(model_dir(root, r)) as out:
         save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
         save_state(out, optimizer, step + int(metrics.get("optimizer_steps", 0)))
@@ -54,8 +86,57 @@ def run(params: Params, root: Path, r: str) -> dict:
     return metrics
 
 
+def launch(params: Params, root: Path, r: str) -> dict:
+    """Run this stage's ranks under torchrun on this machine; rank 0's metrics come back."""
+    import torch
+
+    n = params.train.world_size
+    if torch.cuda.is_available() and n > torch.cuda.device_count():
+        raise ValueError(f"train.world_size: {n} ranks, one per GPU, but this machine has "
+                         f"{torch.cuda.device_count()} GPUs")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="rollwise-train-") as tmp:
+        (Path(tmp) / "params.json").write_text(params.model_dump_json())
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={n}", "-m", "tasks.train",
+               "--round", r, "--root", str(Path(root).resolve())]  # fmt: skip
+        path = os.pathsep.join(filter(None, [str(CODE_ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, LAUNCH_ENV: tmp, "PYTHONPATH": path}
+        log(f"train@{r}", f"launching {n} DDP ranks through torchrun")
+        done = subprocess.run(cmd, cwd=CODE_ROOT, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"train@{r}: torchrun with train.world_size {n} exited {done.returncode}; "
+                "the failing rank's error is in the output above"
+            )
+        return json.loads((Path(tmp) / "metrics.json").read_text())
+
+
+def rank_main(folder: Path) -> None:
+    """One torchrun rank: the launcher's params (overrides included), its share of the round."""
+    import torch.distributed as dist
+
+    from rollwise.train.prepare import init_distributed
+
+    parser = argparse.ArgumentParser(prog="tasks.train (torchrun rank)")
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--round", required=True)
+    args = parser.parse_args()
+    params = Params.model_validate_json((folder / "params.json").read_text())
+    device = init_distributed()
+    try:
+        metrics = train(params, args.root, args.round, device)
+        if dist.get_rank() == 0:
+            write_json(folder / "metrics.json", metrics)
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> None:
-    stage_main("train", run, with_round=True)
+    folder = os.environ.get(LAUNCH_ENV)
+    if folder:
+        rank_main(Path(folder))
+    else:
+        stage_main("train", run, with_round=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from rollwise.config import PolicyConfig, TrainConfig
+from rollwise.config import LoraConfig, PolicyConfig, TrainConfig
 from rollwise.train.loss import AGGREGATIONS, Norm, ppo_clip_loss, tis_weights, token_logprobs
 from rollwise.train.optim import apply_lrs, hidden_matrices, make_optimizer
+from rollwise.train.prepare import autocast, prepare
 from rollwise.train.trainer import (
     load_state,
     policy_logprobs,
@@ -409,18 +410,30 @@ class Crash(Exception):
     pass
 
 
+def prepared_model(cfg: TrainConfig):
+    """A fresh model as the train stage steps it (LoRA adapters drawn from a fixed seed)."""
+    model, pad = fresh_model()
+    torch.manual_seed(0)
+    return prepare(model, cfg, torch.device("cpu")), pad
+
+
 @pytest.mark.parametrize(
-    "opts", [{}, {"optimizer": "muon", "tis_cap": 2.0, "loss_agg": "seq-mean-token-sum-norm"}]
+    "opts",
+    [
+        {},
+        {"optimizer": "muon", "tis_cap": 2.0, "loss_agg": "seq-mean-token-sum-norm"},
+        {"lora": LoraConfig(rank=4, alpha=8.0)},
+    ],
 )
 def test_a_round_resumed_after_a_crash_ends_with_the_same_weights(tmp_path, opts):
     cfg = TrainConfig(lr=1e-2, muon_lr=0.02, epochs=2, minibatches=2, micro_batch=2, **opts)
     model, pad = fresh_model()
     items = own_items(model, pad, shift=0.3)
-    model, pad = fresh_model()
+    model, pad = prepared_model(cfg)
     train_round(model, items, cfg, make_optimizer(model, cfg), pad)
     uninterrupted = snapshot(model)
 
-    model, pad = fresh_model()
+    model, pad = prepared_model(cfg)
     optimizer = make_optimizer(model, cfg)
 
     def checkpoint_then_crash(done: int, used: list[dict]) -> None:
@@ -432,7 +445,7 @@ def test_a_round_resumed_after_a_crash_ends_with_the_same_weights(tmp_path, opts
     with pytest.raises(Crash):
         train_round(model, items, cfg, optimizer, pad, on_step=checkpoint_then_crash)
 
-    model, pad = fresh_model()  # a new process: fresh model and optimizer
+    model, pad = prepared_model(cfg)  # a new process: fresh model and optimizer
     model.load_state_dict(torch.load(tmp_path / "weights.pt"))
     optimizer = make_optimizer(model, cfg)
     state = load_state(tmp_path, optimizer)
@@ -530,6 +543,98 @@ def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
         torch.testing.assert_close(ddp_weights[k], v, atol=1e-5, rtol=1e-4)
     assert ddp_stats["loss"] == pytest.approx(stats["loss"], abs=1e-5)
     assert ddp_stats["tokens"] == stats["tokens"]
+
+
+# ------------------------------------------------------------------------------ GPU switches
+
+
+def test_gradient_checkpointing_gives_the_same_round():
+    """Recomputing activations in backward changes memory, not the update (any device)."""
+    items = synthetic_items([9, 12, 10, 11])
+    ends, stats = [], []
+    for checkpointing in (False, True):
+        model, pad = prepared_model(TrainConfig(gradient_checkpointing=checkpointing))
+        assert model.is_activation_checkpointing == checkpointing
+        s, _ = run_round(model, pad, items, micro_batch=2, gradient_checkpointing=checkpointing)
+        ends.append(snapshot(model))
+        stats.append(s)
+    assert stats[1]["loss"] == pytest.approx(stats[0]["loss"], abs=1e-6)
+    for k in ends[0]:
+        torch.testing.assert_close(ends[1][k], ends[0][k], atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_without_cuda_warns_and_trains_in_float32(caplog):
+    import warnings
+
+    cfg = TrainConfig(bf16=True)
+    with caplog.at_level("WARNING"):
+        model, pad = prepared_model(cfg)
+    assert "train.bf16 needs CUDA" in caplog.text
+    assert next(model.parameters()).dtype == torch.float32
+    items = synthetic_items([9, 12, 10, 11])
+    s_bf16, _ = run_round(model, pad, items, micro_batch=2, bf16=True)
+    model, pad = prepared_model(TrainConfig())
+    s_fp32, _ = run_round(model, pad, items, micro_batch=2)
+    assert s_bf16 == s_fp32  # the CPU run is exactly the float32 one
+    with warnings.catch_warnings():  # torch warns that CUDA is absent here
+        warnings.simplefilter("ignore")
+        on_gpu = autocast(cfg, torch.device("cuda"))
+    assert isinstance(on_gpu, torch.autocast) and on_gpu.fast_dtype == torch.bfloat16
+    assert not isinstance(autocast(TrainConfig(), torch.device("cuda")), torch.autocast)
+
+
+# ------------------------------------------------------------------------------ torchrun
+
+
+def stage_root(root, items: list[dict]) -> None:
+    """A project folder holding what train@01 reads: the round-00 policy, round 01's episodes,
+    curator decisions and advantages (the items' token advantages, one turn per episode)."""
+    from rollwise.policy.build import build_model, save_policy, train_tokenizer
+
+    tok = train_tokenizer(["the answer is paris"])
+    save_policy(build_model(tok, TINY), tok, root / "models" / "round_00")
+    ids = [f"e{k}" for k in range(len(items))]
+    tables = {
+        "rollouts": ("episodes", {"episode_id": ids, "token_ids": [it["ids"] for it in items],
+                                  "loss_mask": [it["mask"] for it in items],
+                                  "logprobs": [it["logprobs"] for it in items]}),
+        "curated": ("decisions", {"episode_id": ids, "kept": [True] * len(items)}),
+        "advantages": ("advantages", {"episode_id": ids, "step": [0] * len(items),
+                                      "advantage": [it["adv"][-1] for it in items],
+                                      "span_start": [4] * len(items),
+                                      "span_end": [len(it["ids"]) for it in items]}),
+    }  # fmt: skip
+    for kind, (name, columns) in tables.items():
+        (root / "data" / kind / "round_01").mkdir(parents=True)
+        pd.DataFrame(columns).to_parquet(root / "data" / kind / "round_01" / f"{name}.parquet")
+
+
+def test_torchrun_launch_with_two_gloo_ranks_matches_one_process(tmp_path):
+    """train.world_size 2: the stage relaunches itself under torchrun, rank 0 writes the
+    checkpoint; it matches the one-process stage's within float tolerance."""
+    from safetensors.torch import load_file
+
+    from rollwise.config import Params
+    from tasks import train as stage
+
+    train = {"lr": 1e-2, "epochs": 2, "minibatches": 2, "micro_batch": 2}
+    checkpoints, metrics = [], []
+    for world_size in (1, 2):
+        root = tmp_path / f"ws{world_size}"
+        stage_root(root, synthetic_items([8, 9, 10, 11, 12, 8]))
+        params = Params(train={**train, "world_size": world_size})
+        metrics.append(stage.run(params, root, "01"))
+        folder = root / "models" / "round_01"
+        checkpoints.append(load_file(folder / "model.safetensors"))
+        assert torch.load(folder / "trainer_state.pt", weights_only=False)["step"] == 4
+    start = load_file(tmp_path / "ws1" / "models" / "round_00" / "model.safetensors")
+    assert any(not torch.equal(start[k], v) for k, v in checkpoints[1].items())
+    assert checkpoints[0].keys() == checkpoints[1].keys()
+    for k, v in checkpoints[0].items():
+        torch.testing.assert_close(checkpoints[1][k], v, atol=1e-5, rtol=1e-4)
+    assert metrics[1]["loss"] == pytest.approx(metrics[0]["loss"], abs=1e-5)
+    assert metrics[1]["tokens"] == metrics[0]["tokens"]
+    assert (metrics[0]["world_size"], metrics[1]["world_size"]) == (1, 2)  # two ranks ran
 
 
 def test_masked_nll_equals_the_full_logits_loss(model_and_pad):

@@ -220,6 +220,16 @@ class CreditConfig(Section):
     spo: SPOConfig = SPOConfig()  # spo and spo_pp
 
 
+class LoraConfig(Section):
+    """LoRA adapters through peft (train/prepare.py); merged into the weights at every checkpoint,
+    so models/round_NN stays a plain HF folder."""
+
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)  # the update is scaled by alpha / rank
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"  # peft's: every linear layer but the head
+
+
 class TrainConfig(Section):
     lr: float = Field(1e-4, gt=0)
     epochs: int = Field(2, ge=1)
@@ -240,6 +250,10 @@ class TrainConfig(Section):
     optimizer: Literal["adamw", "muon"] = "adamw"  # muon: 2-D hidden weights; AdamW the rest
     muon_lr: float = Field(1e-3, gt=0)  # Muon's lr; `lr` stays AdamW's
     max_nonfinite_steps: int = Field(3, ge=1)  # NaN guard: abort after this many skips in a row
+    lora: LoraConfig | None = None  # null: full fine-tune
+    bf16: bool = False  # bf16 autocast on CUDA; without CUDA a logged warning, float32
+    gradient_checkpointing: bool = False  # recompute activations in backward (any device)
+    world_size: int = Field(1, ge=1)  # > 1: DDP ranks launched through torchrun (gloo / NCCL)
 
 
 class HalvingConfig(Section):

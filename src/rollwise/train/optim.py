@@ -40,7 +40,13 @@ class Optimizers:
                 f"{sorted(self.parts)}: was train.optimizer changed between rounds?"
             )
         for name, opt in self.parts.items():
-            opt.load_state_dict(state[name])
+            try:
+                opt.load_state_dict(state[name])
+            except ValueError as e:  # torch: groups of another size
+                raise ValueError(
+                    f"trainer state's {name} does not fit this run's trainable params ({e}): "
+                    "were train.lora or the model changed between rounds?"
+                ) from e
 
 
 def hidden_matrices(model: torch.nn.Module) -> tuple[list, list]:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from rollwise.train.loss import Norm, kl_k3, ppo_clip_loss, tis_weights, token_logprobs
 from rollwise.train.optim import Optimizers, make_optimizer  # noqa: F401  (callers import it here)
+from rollwise.train.prepare import autocast
 from rollwise.train.sft import pad_batch
 
 STATE_FILE = "trainer_state.pt"
@@ -77,14 +78,27 @@ def step_plan(n_items: int, cfg) -> list[list[int]]:
     return plan
 
 
+def scaled_logits(model, ids: torch.Tensor, attn: torch.Tensor, cfg, temperature: float):
+    """Logits / temperature in float32 (bf16 autocast on CUDA when cfg.bf16)."""
+    with autocast(cfg, ids.device):
+        logits = model(input_ids=ids, attention_mask=attn).logits  # [B, T, V]
+    return logits.float() / temperature  # [B, T, V]
+
+
+def on_device(batch: tuple, model) -> tuple:
+    """tensors()'s CPU tensors moved to the model's device."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in batch)
+
+
 @torch.no_grad()
 def policy_logprobs(model, items: list[dict], cfg, pad_id: int, temperature: float) -> list:
     """The model's log-prob of each token (0.0 at position 0), aligned like the rollout's."""
     out = []
     for lo in range(0, len(items), cfg.micro_batch):
         part = items[lo : lo + cfg.micro_batch]
-        ids, attn, *_ = tensors(part, pad_id)  # [B, T] each
-        logits = model(input_ids=ids, attention_mask=attn).logits / temperature  # [B, T, V]
+        ids, attn, *_ = on_device(tensors(part, pad_id), model)  # [B, T] each
+        logits = scaled_logits(model, ids, attn, cfg, temperature)  # [B, T, V]
         logp, _ = token_logprobs(logits, ids)  # [B, T-1]
         out += [[0.0] + logp[i, : len(it["ids"]) - 1].tolist() for i, it in enumerate(part)]
     return out
@@ -183,8 +197,9 @@ def optimizer_step(
     mine = chunk[rank::size]
     for lo in range(0, len(mine), cfg.micro_batch):
         part = mine[lo : lo + cfg.micro_batch]
-        ids, attn, mask, adv, old_logp, rollout_logp = tensors(part, pad_id)  # [B,T] / [B,T-1]
-        logits = model(input_ids=ids, attention_mask=attn).logits / temperature  # [B, T, V]
+        batch = on_device(tensors(part, pad_id), model)  # CPU -> the model's device
+        ids, attn, mask, adv, old_logp, rollout_logp = batch  # [B,T] / [B,T-1]
+        logits = scaled_logits(model, ids, attn, cfg, temperature)  # [B, T, V]
         logp, entropy = token_logprobs(logits, ids)  # [B, T-1] each
         weights = None
         share = float(mask.sum()) / norm.tokens
@@ -199,8 +214,8 @@ def optimizer_step(
         )
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref_logits = ref_model(input_ids=ids, attention_mask=attn).logits  # [B, T, V]
-            ref_logp, _ = token_logprobs(ref_logits / temperature, ids)  # [B, T-1]
+                ref_logits = scaled_logits(ref_model, ids, attn, cfg, temperature)  # [B, T, V]
+            ref_logp, _ = token_logprobs(ref_logits, ids)  # [B, T-1]
             kl = kl_k3(logp, ref_logp, mask, norm, cfg.loss_agg)  # []
             loss = loss + cfg.kl_coef * kl
             stats["kl_ref"] += kl.item()
@@ -211,7 +226,8 @@ def optimizer_step(
         stats["entropy"] += float((entropy.detach() * mask).sum()) / norm.tokens
     if size > 1:
         all_reduce_grads(model)
-        summed = torch.tensor(list(stats.values()), dtype=torch.float64)  # [S]
+        device = next(model.parameters()).device  # NCCL reduces CUDA tensors only
+        summed = torch.tensor(list(stats.values()), dtype=torch.float64, device=device)  # [S]
         dist.all_reduce(summed)
         stats = dict(zip(stats, summed.tolist(), strict=True))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -254,13 +270,15 @@ def save_state(
     torch.save(state, Path(folder) / STATE_FILE)
 
 
-def load_state(folder: Path, optimizer: Optimizers) -> TrainerState:
-    """Restore optimizer moments and RNGs from a previous save, if there is one."""
+def load_state(folder: Path, optimizer: Optimizers | None) -> TrainerState:
+    """Restore optimizer moments (unless optimizer is None: a new round's fresh LoRA adapters
+    have no moments to resume) and RNGs from a previous save, if there is one."""
     path = Path(folder) / STATE_FILE
     if not path.exists():
         return TrainerState()
-    state = torch.load(path, weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    state = torch.load(path, map_location="cpu", weights_only=False)  # a GPU run's, on any box
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     if "python_rng" in state:
         random.setstate(state["python_rng"])
