@@ -13,6 +13,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from rollwise.schedule import SCHEDULERS  # noqa: E402
 from rollwise.schedule.plan import Budget  # noqa: E402
 from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
 from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
-from tasks.warmstart import suite_tokenizer  # noqa: E402
+from tasks.warmstart import augment_suites, suite_tokenizer  # noqa: E402
 
 
 def warm_start(p, cache: Path):
@@ -45,11 +46,16 @@ def warm_start(p, cache: Path):
     suite = load_suite(suite_dir)
     w = p.warmstart
     ck = cache / f"sft_{suite_dir.name}_{w.steps}_{w.lr}_{w.seed}_{p.policy.layers}"
+    ck = ck.with_name(ck.name + (f"_aug{w.augment_suites}" if w.augment_suites else ""))
     if ck.exists():
         return suite, *load_policy(ck)
-    tok = suite_tokenizer(suite)
+    with tempfile.TemporaryDirectory() as scratch:
+        suites = [suite, *augment_suites(p, Path(scratch))]
+        tok = suite_tokenizer(*suites)
+        demos = [
+            oracle_sequence(t, s.envs[t.env_id], tok) for s in suites for t in s.split("train")
+        ]
     model = build_model(tok, p.policy)
-    demos = [oracle_sequence(t, suite.envs[t.env_id], tok) for t in suite.split("train")]
     sft(model, demos, w, tok.pad_token_id)
     save_policy(model, tok, ck)
     return suite, model, tok
@@ -86,7 +92,8 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     adv.loc[negative, "advantage"] *= args.negative_scale
     items = training_batch(episodes, adv)
     stats = train_round(model, items, p.train, opt, tok.pad_token_id,
-                        temperature=cfg.temperature)  # fmt: skip
+                        temperature=cfg.temperature, steps_before=args.steps_done)  # fmt: skip
+    args.steps_done += int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
     zero_var = (episodes.groupby("group")["reward"].std(ddof=0) < 1e-9).mean()
     return {"round": r, "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1,
             "sample_success": float(episodes["success"].mean()),
@@ -122,6 +129,7 @@ def main() -> None:
     curve: list[dict] = []
     evaluate(0)
     opt, rounds = make_optimizer(model, p.train), []
+    args.steps_done = 0  # optimizer steps so far: the lr warmup (train.warmup_steps) spans rounds
     for r in range(1, p.n_rounds + 1):
         rounds.append(rl_round(r, model, tok, suite, p, opt, args))
         print(json.dumps(rounds[-1]), flush=True)

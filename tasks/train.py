@@ -72,7 +72,7 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
         ref = load_policy(model_dir(root, "00"))[0].to(next(model.parameters()).device)
     metrics = train_round(
         model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
-        temperature=params.rollout.temperature,
+        temperature=params.rollout.temperature, steps_before=step,
     )  # fmt: skip
     rank, metrics["world_size"] = world()
     if rank != 0:

@@ -647,3 +647,19 @@ def test_masked_nll_equals_the_full_logits_loss(model_and_pad):
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
     full = (nll * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()  # []
     assert torch.allclose(masked_nll(model, ids, attn, loss_mask), full, atol=1e-6)
+
+
+def test_lr_warmup_is_linear_over_the_runs_first_steps(model_and_pad):
+    model, pad = model_and_pad
+    cfg = TrainConfig(lr=1e-3, warmup_steps=4)
+    opt = make_optimizer(model, cfg)
+    lrs = []
+    for step in range(6):
+        apply_lrs(opt, cfg, step)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    apply_lrs(opt, cfg)  # no step: the params' lr as it is
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)
+    cfg = TrainConfig(lr=1e-3, warmup_steps=100, epochs=1, minibatches=2)
+    train_round(model, synthetic_items([8, 8, 8, 8]), cfg, opt, pad, steps_before=10)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 12 / 100)  # step 11 of the run

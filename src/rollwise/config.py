@@ -71,6 +71,9 @@ class WarmstartConfig(Section):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0)
     seed: int = 0
+    # SFT demos also from this many more suites of the same generator with other seeds: fresh
+    # databases, so copying from observations is the only way to lower the loss (tasks/warmstart.py)
+    augment_suites: int = Field(0, ge=0)
 
 
 class EnvSchedConfig(Section):
@@ -249,6 +252,7 @@ class TrainConfig(Section):
     tis_cap: float | None = Field(None, gt=0)
     optimizer: Literal["adamw", "muon"] = "adamw"  # muon: 2-D hidden weights; AdamW the rest
     muon_lr: float = Field(1e-3, gt=0)  # Muon's lr; `lr` stays AdamW's
+    warmup_steps: int = Field(0, ge=0)  # linear lr warmup over the run's first optimizer steps
     max_nonfinite_steps: int = Field(3, ge=1)  # NaN guard: abort after this many skips in a row
     lora: LoraConfig | None = None  # null: full fine-tune
     bf16: bool = False  # bf16 autocast on CUDA; without CUDA a logged warning, float32

@@ -15,7 +15,11 @@ import torch
 import torch.distributed as dist
 
 from rollwise.train.loss import Norm, kl_k3, ppo_clip_loss, tis_weights, token_logprobs
-from rollwise.train.optim import Optimizers, make_optimizer  # noqa: F401  (callers import it here)
+from rollwise.train.optim import (  # noqa: F401  (callers import make_optimizer here)
+    Optimizers,
+    apply_lrs,
+    make_optimizer,
+)
 from rollwise.train.prepare import autocast
 from rollwise.train.sft import pad_batch
 
@@ -114,9 +118,11 @@ def train_round(
     temperature: float = 1.0,
     start: int = 0,
     on_step: Callable[[int, list[dict]], None] | None = None,
+    steps_before: int = 0,
 ) -> dict:
     """The optimizer steps of step_plan from `start` on (a round resumed after a crash), calling
-    on_step(steps done, items) after each so the caller can checkpoint. Log-probs use the
+    on_step(steps done, items) after each so the caller can checkpoint; `steps_before` (optimizer
+    steps of earlier rounds) places them on the lr warmup (optim.apply_lrs). Log-probs use the
     rollout's sampling temperature, so the rollout's log-probs are PPO's old policy exactly (as
     verl does). With cfg.tis_cap set, the old policy is recomputed by the trainer before the first
     step (items gain "old"; a resumed round must pass them back) and each token's loss is weighted
@@ -133,6 +139,7 @@ def train_round(
     plan = step_plan(len(items), cfg)
     for k in range(start, len(plan)):
         chunk = [items[i] for i in plan[k]]
+        apply_lrs(optimizer, cfg, steps_before + k)
         s = optimizer_step(model, chunk, cfg, optimizer, pad_id, ref_model, temperature)
         if s is None:
             skipped, in_a_row = skipped + 1, in_a_row + 1

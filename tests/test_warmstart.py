@@ -1,0 +1,42 @@
+"""tasks/warmstart.py: augmentation suites are other databases, train tasks only, and the
+tokenizer covers their words."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollwise.config import validate
+from rollwise.envs.generate import generate_suite
+from rollwise.envs.runtime import load_suite
+from rollwise.train.sft import oracle_sequence
+from tasks.warmstart import augment_suites, suite_tokenizer
+
+SMALL = {"n_envs": 3, "tasks_per_env": 6, "heldout_envs": 1}
+
+
+def test_augment_suites_are_fresh_databases_of_train_tasks(tmp_path):
+    params = validate({"envs": SMALL, "warmstart": {"augment_suites": 2}})
+    generate_suite(params.envs, tmp_path / "main")
+    main = load_suite(tmp_path / "main")
+    extra = augment_suites(params, tmp_path / "scratch")
+    assert len(extra) == 2
+    states = {(tmp_path / "main" / env / "state.sqlite").read_bytes() for env in main.envs}
+    for suite in extra:
+        assert len(suite.envs) == 3 and suite.tasks
+        assert all(t.split == "train" for t in suite.tasks.values())
+    found = [p.read_bytes() for p in (tmp_path / "scratch").glob("*/*/state.sqlite")]
+    assert len(found) == 6 and not set(found) & states  # another seed: other databases
+    tok = suite_tokenizer(main, *extra)
+    unk = tok.convert_tokens_to_ids("[UNK]")
+    for suite in extra:
+        for task in suite.tasks.values():
+            ids, _ = oracle_sequence(task, suite.envs[task.env_id], tok)
+            assert unk not in ids, task.task_id
+
+
+def test_no_augmentation_by_default_and_none_for_a_custom_suite(tmp_path):
+    assert augment_suites(validate({"envs": SMALL}), tmp_path) == []
+    custom = validate({"envs": {"custom": "examples.notes_env:make_env"},
+                       "warmstart": {"augment_suites": 1}})  # fmt: skip
+    with pytest.raises(ValueError, match="augment_suites"):
+        augment_suites(custom, tmp_path)
