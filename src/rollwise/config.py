@@ -45,6 +45,24 @@ class EnvsConfig(Section):
     heldout_envs: int = Field(2, ge=0)
     heldout_task_frac: float = Field(0.2, ge=0, le=1)
     task_kinds: list[str] = ["city_by_id", "city_by_name", "count", "status", "amount", "cancel"]
+    # Diversity and complexity (envs/spec.py, envs/generate.py); the defaults are the original
+    # suite byte for byte. Each environment draws its own spec from its own random stream.
+    entity_synonyms: bool = False  # per-env aliases of the owner and record entity names
+    tool_synonyms: bool = False  # per-env verbs in tool names, synonyms for argument names
+    tool_templates: list[
+        Literal[
+            "find", "get_owner", "list", "get_record", "cancel", "update", "filter", "total",
+            "owner_of",
+        ]
+    ] = ["find", "get_owner", "list", "get_record", "cancel"]  # fmt: skip
+    tools_per_env: int = Field(0, ge=0)  # per env: find, list + drawn others; 0: every template
+    distractor_tools: int = Field(0, ge=0, le=3)  # working tools that no task needs, per env
+    schema_templates: int = Field(1, ge=1, le=3)  # extra typed columns: draw from this many
+    owners_min: int = Field(0, ge=0)  # > 0: each env draws its size in [owners_min, owners_per_env]
+    value_dists: list[Literal["uniform", "skewed", "narrow"]] = ["uniform"]  # amounts, per env
+    amount_types: list[Literal["integer", "real"]] = ["integer"]  # the amount column, per env
+    max_calls: int = Field(4, ge=1)  # K: the longest oracle a task kind may need
+    write_share: float | None = Field(None, ge=0, le=1)  # state-changing share; null: kinds uniform
     # "package.module:factory": a zero-argument callable returning an Environment that also lists
     # its tasks (envs/protocol.py); replaces the synthetic suite. null: the synthetic suite.
     custom: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -9,6 +9,7 @@ or schema change), so a call cannot reach anything outside its environment's sta
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -20,16 +21,18 @@ import pandas as pd
 
 from rollwise.envs import faults, rubric
 from rollwise.envs.custom import build_env
-from rollwise.envs.generate import (
+from rollwise.envs.generate import load_tasks
+from rollwise.envs.schema import check_call
+from rollwise.envs.spec import (
     CANCELLED,
     CITIES,
-    DOMAINS,
     NAMES,
+    TIERS,
+    TOOL_TEMPLATES,
     Domain,
-    domain_tools,
-    load_tasks,
+    EnvSpec,
+    total_amount,
 )
-from rollwise.envs.schema import check_call
 from rollwise.types import Observation, Rubric, Task, ToolCall, ToolSpec
 
 ALLOWED_SQL = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_TRANSACTION}
@@ -47,17 +50,15 @@ class SyntheticEnv:
     def __init__(self, env_dir: Path, fault_plan: faults.FaultPlan | None = None):
         meta = json.loads((Path(env_dir) / "env.json").read_text())
         self.env_id: str = meta["env_id"]
-        self.domain: Domain = DOMAINS[meta["domain"]]
+        self.spec = EnvSpec.from_meta(meta)  # names, tools, schema (the domain's default if none)
+        self.domain: Domain = self.spec.entities
+        self.keys = self.spec.keys  # canonical argument -> this environment's name
         self.state0 = (Path(env_dir) / "state.sqlite").read_bytes()
-        self.specs = {t.name: t for t in domain_tools(self.domain)}
-        d = self.domain
-        self.handlers = {  # tool name -> method name (copies of this env share the table)
-            f"find_{d.owner}": "_find",
-            f"get_{d.owner}": "_get_owner",
-            f"list_{d.record}s": "_list",
-            f"get_{d.record}": "_get_record",
-            f"cancel_{d.record}": "_cancel",
+        self.specs = {t.name: t for t in self.spec.tools()}
+        self.handlers = {  # tool name -> template (copies of this env share the table)
+            self.spec.tool_name(t): t for t in self.spec.verbs
         }
+        d = self.domain
         self.tables = {f"{d.owner}s", f"{d.record}s"}
         self.faults = fault_plan
         self.withheld: str | None = None  # an unsolvable task's missing tool (set by reset)
@@ -130,11 +131,12 @@ class SyntheticEnv:
     def execute(self, call: ToolCall) -> dict | list:
         if error := check_call({t.name: t for t in self.tools()}, call.name, call.arguments):
             raise ToolError(error)
-        handler = getattr(self, self.handlers[call.name])
-        (value,) = call.arguments.values()
-        return self.inject(handler, value) if self.faults else handler(value)
+        template = self.handlers[call.name]
+        values = [call.arguments[a] for a in self.spec.arg_names(template)]  # canonical order
+        handler = functools.partial(getattr(self, TOOL_TEMPLATES[template].handler), *values)
+        return self.inject(handler) if self.faults else handler()
 
-    def inject(self, handler, value) -> dict | list:
+    def inject(self, handler) -> dict | list:
         """Run a valid call under the fault plan: it may fail before running, return a corrupted
         result, or return a list in another order. Each injection is noted in the audit."""
         step, plan = len(self.call_kinds), self.faults
@@ -142,11 +144,11 @@ class SyntheticEnv:
             if draw_for(self, "wrong", step) >= plan.flaky_wrong:
                 self.note(step, "flaky_error", {})
                 raise faults.TransientFault
-            true = handler(value)
+            true = handler()
             wrong = faults.corrupt(true, rng_for(self, "corrupt", step), self.vocab())
             self.note(step, "flaky_wrong", {"true": true})
             return wrong
-        result = handler(value)
+        result = handler()
         if isinstance(result, list) and len(result) > 1:
             if draw_for(self, "stochastic", step) < plan.stochastic_p:
                 self.note(step, "stochastic", {"true": result})
@@ -155,7 +157,7 @@ class SyntheticEnv:
 
     def vocab(self) -> list[tuple[str, ...]]:
         d = self.domain
-        return [tuple(NAMES), tuple(CITIES), d.items, (*d.statuses, CANCELLED)]
+        return [tuple(NAMES), tuple(CITIES), d.items, (*d.statuses, CANCELLED), TIERS]
 
     def _one(self, sql: str, value) -> tuple:
         row = self.con.execute(sql, (value,)).fetchone()
@@ -166,37 +168,80 @@ class SyntheticEnv:
     def _find(self, name: str) -> dict:
         d = self.domain
         (oid,) = self._one(f"SELECT id FROM {d.owner}s WHERE name=?", name)
-        return {f"{d.owner}_id": oid}
+        return {self.keys["owner"]: oid}
 
     def _get_owner(self, key: int) -> dict:
-        d = self.domain
-        oid, name, city = self._one(f"SELECT * FROM {d.owner}s WHERE id=?", key)
-        return {f"{d.owner}_id": oid, "name": name, "city": city}
+        d, k = self.domain, self.keys
+        oid, name, city, *tier = self._one(f"SELECT * FROM {d.owner}s WHERE id=?", key)
+        return {k["owner"]: oid, k["name"]: name, k["city"]: city, **extra(["tier"], tier)}
 
     def _get_record(self, key: int) -> dict:
-        d = self.domain
-        rid, oid, item, status, amount = self._one(f"SELECT * FROM {d.record}s WHERE id=?", key)
+        d, k = self.domain, self.keys
+        rid, oid, item, status, amount, *priority = self._one(
+            f"SELECT * FROM {d.record}s WHERE id=?", key
+        )
         return {
-            f"{d.record}_id": rid,
-            f"{d.owner}_id": oid,
+            k["record"]: rid,
+            k["owner"]: oid,
             d.item: item,
-            "status": status,
+            k["status"]: status,
             "amount": amount,
+            **extra(["priority"], priority),
         }
 
-    def _list(self, oid: int) -> list:
+    def _list(self, oid: int, status: str | None = None) -> list:
         d = self.domain
         self._one(f"SELECT id FROM {d.owner}s WHERE id=?", oid)
         rows = self.con.execute(
-            f"SELECT id, {d.item} FROM {d.record}s WHERE {d.owner}_id=?", (oid,)
+            f"SELECT id, {d.item}, status FROM {d.record}s WHERE {d.owner}_id=?", (oid,)
         )
-        return [{f"{d.record}_id": rid, d.item: item} for rid, item in rows]
+        key = self.keys["record"]
+        return [{key: rid, d.item: item} for rid, item, s in rows if status in (None, s)]
 
     def _cancel(self, rid: int) -> dict:
+        return self._update(rid, CANCELLED)
+
+    def _update(self, rid: int, status: str) -> dict:
         d = self.domain
         self._one(f"SELECT id FROM {d.record}s WHERE id=?", rid)
-        self.con.execute(f"UPDATE {d.record}s SET status=? WHERE id=?", (CANCELLED, rid))
-        return {f"{d.record}_id": rid, "status": CANCELLED}
+        self.con.execute(f"UPDATE {d.record}s SET status=? WHERE id=?", (status, rid))
+        return {self.keys["record"]: rid, self.keys["status"]: status}
+
+    def _filter(self, oid: int, status: str) -> list:
+        return self._list(oid, status)
+
+    def _total(self, oid: int) -> dict:
+        d = self.domain
+        self._one(f"SELECT id FROM {d.owner}s WHERE id=?", oid)
+        rows = self.con.execute(f"SELECT amount FROM {d.record}s WHERE {d.owner}_id=?", (oid,))
+        amounts = [a for (a,) in rows]
+        return {"count": len(amounts), "amount": total_amount(amounts)}
+
+    def _owner_of(self, rid: int) -> dict:
+        """A join: the record's owner, in one call."""
+        d, k = self.domain, self.keys
+        oid, name, city = self._one(
+            f"SELECT o.id, o.name, o.city FROM {d.record}s r JOIN {d.owner}s o "
+            f"ON o.id = r.{d.owner}_id WHERE r.id=?",
+            rid,
+        )
+        return {k["record"]: rid, k["owner"]: oid, k["name"]: name, k["city"]: city}
+
+    # distractors: they work, but no task needs them
+    def _count_owners(self) -> dict:
+        d = self.domain
+        (n,) = self.con.execute(f"SELECT COUNT(*) FROM {d.owner}s").fetchone()
+        return {"count": n}
+
+    def _list_items(self) -> list:
+        d = self.domain
+        rows = self.con.execute(f"SELECT DISTINCT {d.item} FROM {d.record}s ORDER BY {d.item}")
+        return [item for (item,) in rows]
+
+    def _in_city(self, city: str) -> list:
+        d = self.domain
+        rows = self.con.execute(f"SELECT name FROM {d.owner}s WHERE city=? ORDER BY name", (city,))
+        return [name for (name,) in rows]
 
 
 @dataclass
@@ -209,6 +254,11 @@ class Suite:
 
     def split(self, name: str) -> list[Task]:
         return [t for t in self.tasks.values() if t.split == name]
+
+
+def extra(columns: list[str], values: list) -> dict:
+    """The optional columns a schema template adds (none in the default schema)."""
+    return dict(zip(columns, values, strict=False))
 
 
 def draw_for(env: SyntheticEnv, *what: object) -> float:
