@@ -3,12 +3,17 @@ spend, and does curating change held-out success at the same rollout budget?
 
 One process, no orchestration. A clean suite and, per seed, the same suite with faults
 injected (about 15% of failed episodes hit by a failure-relevant fault; the faults seed is
-the bench seed). One warm start (SFT on the clean suite's oracles, cached) is shared by three
-arms per seed, each given the same plan, rounds and rollouts:
+the bench seed). One warm start (SFT on the clean suite's oracles, cached) is shared by the
+arms of a seed, each given the same plan, rounds and rollouts:
   clean      no faults, curated (its drops are false positives: the 0% suite)
   uncurated  faults, every episode trains
   curated    faults, non-policy episodes dropped (params `curate`)
-after which held-out success is measured greedily on the clean suite's held-out tasks.
+  weighted   faults, non-policy episodes kept, advantages scaled by 1 - confidence
+  demos      curated, and a task banked in an earlier round opens with its best success
+  positives  curated, and banked successes of the round's tasks join their GRPO group
+after which held-out success is measured greedily on the clean suite's held-out tasks. Each
+round's tasks are drawn from a fixed pool per seed (`--pool`) so that tasks come back and the
+success bank has something to give (with the whole train split, rounds barely overlap).
 
 Ground truth comes from each episode's audit rows (the environment's record of what it
 injected), read here by the bench only. A failed episode is a non-policy failure when a
@@ -16,8 +21,13 @@ withheld tool, a verdict flip, or a flaky call (an environment error or a wrong 
 touched it; list reorders alone do not count (the items and the answer are the same).
 Precision and recall are over failed episodes, pooled over seeds and rounds of the curated arm.
 
-    .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] \
-        [--eval-tasks 96] [--sft-steps 400] [--out bench/results/curator.json] [key=value ...]
+    .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] [--pool 32] \
+        [--arms clean uncurated curated ...] [--eval-tasks 96] [--sft-steps 400] \
+        [--out bench/results/curator.json] [key=value ...]
+
+`curated_minus_uncurated_pts` and `clean_minus_curated_pts` are those of the best curating arm
+(`best_arm`, picked on these same seeds: an optimistic choice); `arm_minus_uncurated_pts` has
+every arm's.
 
 The warm start and the suites are cached under .rollwise/bench/curator/ (keyed by their
 params): the first run spends most of its time on SFT (`setup_s` in the result).
@@ -45,8 +55,9 @@ sys.path.insert(0, str(ROOT))
 
 from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.curate import success_bank  # noqa: E402
 from rollwise.curate.attribution import attribute  # noqa: E402
-from rollwise.curate.filters import decide  # noqa: E402
+from rollwise.curate.filters import decide, weighted_advantages  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
@@ -64,7 +75,16 @@ FAULTS = dict(
     flaky_p=0.06, flaky_wrong=0.5, verifier_flip_q=0.04, unsolvable_frac=0.05, stochastic_p=0.2
 )
 NON_POLICY = {"withheld_tool", "verdict_flip", "flaky_error", "flaky_wrong"}
-ARMS = ("clean", "uncurated", "curated")
+# Each arm's `curate` overrides (None: no curator at all).
+ARMS = {
+    "clean": {},
+    "uncurated": None,
+    "curated": {"action": "drop"},
+    "weighted": {"action": "weight"},
+    "demos": {"action": "drop", "demonstrations": True},
+    "positives": {"action": "drop", "replay_positives": 2},
+}
+CURATING = ("curated", "weighted", "demos", "positives")
 
 
 def key_of(*parts) -> str:
@@ -93,9 +113,12 @@ def warm_start(p, cache: Path, clean):
     return folder
 
 
-def plan(suite, n_tasks: int, seed: int) -> list[str]:
-    """Uniform over the train split (the `random` scheduler): the same tasks for every arm."""
-    return random.Random(seed).sample(sorted(t.task_id for t in suite.split("train")), n_tasks)
+def plan(suite, args, seed: int, r: int) -> list[str]:
+    """Uniform over a fixed pool of train tasks per seed (the whole split with --pool 0), as the
+    `random` scheduler picks: the same tasks for every arm."""
+    train = sorted(t.task_id for t in suite.split("train"))
+    pool = random.Random(seed).sample(train, args.pool) if args.pool else train
+    return random.Random(seed * 1000 + r).sample(sorted(pool), args.tasks)
 
 
 def labels(spec: EpisodeSpec, success: bool) -> bool:
@@ -111,14 +134,23 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
     model, tok = load_policy(model_dir)
     torch.manual_seed(seed)
     opt = make_optimizer(model, p.train)
+    cur = None if ARMS[arm] is None else p.curate.model_copy(update=ARMS[arm])
     judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
+    bank, demonstrated, too_long, replayed = None, 0, 0, 0
     for r in range(1, args.rounds + 1):
-        picked = plan(suite, args.tasks, seed * 1000 + r)
+        picked = plan(suite, args, seed, r)
+        demos = {}
+        if cur is not None and cur.demonstrations and bank is not None:
+            tasks = [suite.tasks[t] for t in picked]
+            demos, skipped = success_bank.demonstrations(
+                bank, tasks, suite.envs, tok, p.policy.max_context, p.rollout.max_new_tokens
+            )
+            demonstrated, too_long = demonstrated + len(demos), too_long + len(skipped)
         specs = [
             EpisodeSpec(
                 f"s{seed}/r{r}/{tid}/{k}",
                 suite.tasks[tid],
-                clone_env(suite.envs[suite.tasks[tid].env_id]),
+                opening(clone_env(suite.envs[suite.tasks[tid].env_id]), demos, tid),
                 group=tid,
                 sample=k,
                 seed=seed * 100000 + r * 1000 + k,
@@ -134,19 +166,30 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
             seed=seed * 1000 + r,
         )
         rows, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
-        episodes, steps = pd.DataFrame(rows), pd.DataFrame(steps, columns=STEP_COLUMNS)
+        episodes = pd.DataFrame(rows).assign(round=r, policy_version=r - 1)  # as tasks/rollout.py
+        steps = pd.DataFrame(steps, columns=STEP_COLUMNS)
         episodes_spent += len(episodes)
         rollout_verifier += int(episodes["verifier_calls"].sum())
-        kept = episodes
-        if arm != "uncurated":
-            table, _ = attribute(episodes, steps, suite, p.curate)
-            decisions = decide(table, p.curate)
+        kept, decisions = episodes, None
+        if cur is not None:
+            table, _ = attribute(episodes, steps, suite, cur)
+            decisions = decide(table, cur)
             kept = episodes[decisions["kept"].to_numpy()].reset_index(drop=True)
             spent += int(table["verifier_calls"].sum())
             truth = [labels(s, bool(ok)) for s, ok in zip(specs, episodes["success"], strict=True)]
             faults = [sorted({a["fault"] for a in s.env.audit}) for s in specs]
             judged.append(table.assign(truth=truth, faults=faults, round=r))
+            prior = bank
+            new = success_bank.verified_successes(episodes, steps, table)
+            bank = success_bank.update(bank, new, cur.bank_per_task)
+            if cur.replay_positives and prior is not None:  # as tasks/credit.py replays them
+                pos = success_bank.positives(prior, picked, cur.replay_positives, r)
+                kept = pd.concat([kept, pos], ignore_index=True)
+                steps = pd.concat([steps, success_bank.positive_steps(pos)], ignore_index=True)
+                replayed += len(pos)
         adv = ESTIMATORS["grpo"](kept, steps, p.credit)
+        if decisions is not None:
+            adv = weighted_advantages(adv, decisions)
         train_round(
             model,
             training_batch(kept, adv),
@@ -162,8 +205,15 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
         "episodes": episodes_spent,
         "rollout_verifier_calls": rollout_verifier,
         "curator_verifier_calls": spent,
+        "demonstrated_tasks": demonstrated,
+        "demonstrations_skipped_context": too_long,
+        "replayed_positives": replayed,
         "judged": pd.concat(judged, ignore_index=True) if judged else None,
     }
+
+
+def opening(env, demos: dict, task_id: str):
+    return success_bank.Demonstrated(env, demos[task_id]) if task_id in demos else env
 
 
 def heldout(model, tok, clean, p, args) -> float:
@@ -206,14 +256,15 @@ def plot(result: dict, path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     held = result["heldout"]
-    for i, arm in enumerate(ARMS):
+    arms = [a for a in ARMS if a in held]
+    for i, arm in enumerate(arms):
         vals = [100 * v for v in held[arm]]
         a.bar(i, sum(vals) / len(vals), color="lightgray", edgecolor="black")
         a.scatter([i] * len(vals), vals, color="black", zorder=3)
     a.axhline(100 * held["warmstart"], ls="--", color="gray", label="warm start")
-    a.set_xticks(range(len(ARMS)), ARMS)
+    a.set_xticks(range(len(arms)), arms, rotation=20)
     a.set_ylabel("held-out success (%)")
-    a.set_title(f"same rollout budget, {len(held['curated'])} seeds")
+    a.set_title(f"same rollout budget, {len(held['uncurated'])} seeds")
     a.legend()
     causes = result["per_fault_recall"]
     b.bar(range(len(causes)), [v or 0.0 for v in causes.values()], color="steelblue")
@@ -233,6 +284,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=16, help="tasks per round")
+    parser.add_argument("--pool", type=int, default=32, help="train tasks per seed; 0: all")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--eval-tasks", type=int, default=96)
     parser.add_argument("--sft-steps", type=int, default=400, help="warm start (cached)")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "curator")
@@ -253,7 +306,7 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         faulty = suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
-        for arm in ARMS:
+        for arm in args.arms:
             suite = clean if arm == "clean" else faulty
             runs.append(run_arm(arm, seed, suite, clean, model_dir, p, args))
             line = {k: v for k, v in runs[-1].items() if k != "judged"}
@@ -282,12 +335,19 @@ def main() -> None:
 
 
 def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
-    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in ARMS}
+    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in args.arms}
     curated = pd.concat([r["judged"] for r in by_arm["curated"]], ignore_index=True)
     clean = pd.concat([r["judged"] for r in by_arm["clean"]], ignore_index=True)
     failed = curated[~curated["success"]]
     held = {arm: [r["heldout_success"] for r in rs] for arm, rs in by_arm.items()}
     mean = {arm: sum(v) / len(v) for arm, v in held.items()}
+    gains = {a: 100 * (mean[a] - mean["uncurated"]) for a in CURATING if a in mean}
+    best = max(gains, key=gains.get)
+    bank_use = {
+        arm: {k: sum(r[k] for r in rs) for k in ("demonstrated_tasks",
+              "demonstrations_skipped_context", "replayed_positives")}
+        for arm, rs in by_arm.items()
+    }  # fmt: skip
     spent = sum(r["curator_verifier_calls"] for r in by_arm["curated"])
     rollout_calls = sum(r["rollout_verifier_calls"] for r in by_arm["curated"])
     commit = subprocess.run(
@@ -299,6 +359,7 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
         "seeds": args.seeds,
         "rounds": args.rounds,
         "tasks_per_round": args.tasks,
+        "task_pool": args.pool,
         "eval_tasks": args.eval_tasks,
         "faults": FAULTS,
         **{k: v for k, v in confusion(failed).items() if k in ("precision", "recall")},
@@ -325,8 +386,11 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
         "heldout": {"warmstart": warm, **held},
         "heldout_mean": mean,
         "heldout_pts_per_task": 100 / args.eval_tasks,  # the resolution of one held-out task
-        "curated_minus_uncurated_pts": 100 * (mean["curated"] - mean["uncurated"]),
-        "clean_minus_curated_pts": 100 * (mean["clean"] - mean["curated"]),
+        "arm_minus_uncurated_pts": gains,
+        "bank_use": bank_use,
+        "best_arm": best,
+        "curated_minus_uncurated_pts": gains[best],
+        "clean_minus_curated_pts": 100 * (mean["clean"] - mean[best]),
         "targets": {
             "precision": ">= 0.9",
             "recall": ">= 0.8",

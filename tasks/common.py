@@ -65,6 +65,32 @@ def read_table(path: Path, stage: str):
         raise corrupt(path, stage, e) from e
 
 
+def read_json(path: Path, stage: str):
+    """A JSON output of `stage`: missing or corrupted, the error names the file and stage."""
+    require(path, stage)
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise corrupt(path, stage, e) from e
+
+
+def read_suite(suite_dir: Path, stage: str = "generate"):
+    """The generated suite (envs/runtime.load_suite). When it fails to load, a damaged table or
+    JSON file in it is named (CorruptArtifact); any other failure is raised as it was."""
+    from rollwise.envs.runtime import load_suite
+
+    require(suite_dir / "catalog.parquet", stage)
+    try:
+        return load_suite(suite_dir)
+    except Exception:
+        for path in sorted(suite_dir.rglob("*")):  # only on failure: find the culprit
+            if path.suffix == ".parquet":
+                read_table(path, stage)
+            elif path.suffix == ".json":
+                read_json(path, stage)
+        raise
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Write a stage output into a sibling temp folder, then rename: never a partial output."""

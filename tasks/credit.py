@@ -3,7 +3,16 @@
 Reads round NN-1's credit_state.json (round 00's, empty, comes with the warm start) and writes
 advantages.parquet (one row per episode turn) and this round's credit_state.json: the per-task
 Beta tracker of spo/spo_pp (updated whatever the method, so a later switch to spo starts warm) and
-the KL each policy version travelled from the warm start (train@NN-1's approx_kl added)."""
+the KL each policy version travelled from the warm start (train@NN-1's approx_kl added).
+
+The curator's decisions apply in full: only kept episodes get advantages, each scaled by its
+decision weight (`curate.action: weight`; 1 otherwise), and replayed positives
+(positives.parquet, `curate.replay_positives` > 0) join their task's group here and the
+training batch (train@NN reads `kept_episodes` too). Positives keep the log-probs of the older
+policy that sampled them: PPO's ratio pi_theta / pi_rollout is then the off-policy importance
+ratio, clipped like any other (and with `train.tis_cap` the trainer's TIS weight corrects the
+same staleness, capped). They do not update the SPO tracker: their outcome was counted when
+they were sampled."""
 
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ import pandas as pd
 from rollwise.config import Params
 from rollwise.credit import ESTIMATORS
 from rollwise.credit.tracker import attach, from_json, next_drift, next_tracker, to_json
+from rollwise.curate import success_bank
+from rollwise.curate.filters import weighted_advantages
 from tasks.common import (
     atomic_dir,
     log,
@@ -30,10 +41,32 @@ STATE_FILE = "credit_state.json"
 
 
 def kept_episodes(root: Path, r: str) -> pd.DataFrame:
+    """The round's episodes the curator kept, then the replayed positives (if any)."""
     episodes = read_table(round_dir(root, "rollouts", r) / "episodes.parquet", f"rollout@{r}")
-    decisions = read_table(round_dir(root, "curated", r) / "decisions.parquet", f"curate@{r}")
-    kept = set(decisions.loc[decisions["kept"], "episode_id"])
-    return episodes[episodes["episode_id"].isin(kept)].reset_index(drop=True)
+    kept = set(decisions_of(root, r).query("kept")["episode_id"])
+    episodes = episodes[episodes["episode_id"].isin(kept)]
+    replayed = positives_of(root, r)
+    parts = [episodes] if replayed is None or replayed.empty else [episodes, replayed]
+    return pd.concat(parts, ignore_index=True)
+
+
+def decisions_of(root: Path, r: str) -> pd.DataFrame:
+    return read_table(round_dir(root, "curated", r) / "decisions.parquet", f"curate@{r}")
+
+
+def positives_of(root: Path, r: str) -> pd.DataFrame | None:
+    """positives.parquet, written by curate@r only when `curate.replay_positives` > 0."""
+    path = round_dir(root, "curated", r) / "positives.parquet"
+    return read_table(path, f"curate@{r}") if path.exists() else None
+
+
+def round_steps(root: Path, r: str) -> pd.DataFrame:
+    """The round's step rows, plus those of the replayed positives (from their trajectories)."""
+    steps = read_table(round_dir(root, "rollouts", r) / "steps.parquet", f"rollout@{r}")
+    replayed = positives_of(root, r)
+    if replayed is None or replayed.empty:
+        return steps
+    return pd.concat([steps, success_bank.positive_steps(replayed)], ignore_index=True)
 
 
 def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, dict[int, float]]:
@@ -53,14 +86,21 @@ def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, di
 def run(params: Params, root: Path, r: str) -> dict:
     tracker, drift = previous_state(params, root, r)
     episodes = attach(kept_episodes(root, r), tracker, drift)
-    steps = read_table(round_dir(root, "rollouts", r) / "steps.parquet", f"rollout@{r}")
-    advantages = ESTIMATORS[params.credit.method](episodes, steps, params.credit)
-    tracker = next_tracker(episodes, tracker, params.credit)
+    replayed = episodes["episode_id"].str.startswith(success_bank.REPLAY_PREFIX)
+    decisions = decisions_of(root, r)
+    advantages = ESTIMATORS[params.credit.method](episodes, round_steps(root, r), params.credit)
+    advantages = weighted_advantages(advantages, decisions)
+    tracker = next_tracker(episodes[~replayed].reset_index(drop=True), tracker, params.credit)
     with atomic_dir(round_dir(root, "advantages", r)) as out:
         advantages.to_parquet(out / "advantages.parquet")
         write_json(out / STATE_FILE, to_json(tracker, drift, int(r)))
     log(f"credit@{r}", f"{params.credit.method}: {len(advantages)} turn advantages")
-    return {**credit_metrics(advantages), "tracker_tasks": len(tracker)}
+    return {
+        **credit_metrics(advantages),
+        "tracker_tasks": len(tracker),
+        "replayed_positives": int(replayed.sum()),
+        "down_weighted": int((decisions["kept"] & (decisions["weight"] < 1)).sum()),
+    }
 
 
 def credit_metrics(advantages: pd.DataFrame) -> dict:

@@ -4,27 +4,32 @@ Reads the scheduler state of round NN-1 (data/rollouts/round_{NN-1}/scheduler_st
 earlier rounds observed; round 00's, empty, comes with the warm start). Writes
 data/rollouts/round_NN/: plan.parquet (what was scheduled and why, what ran and was kept),
 episodes.parquet and steps.parquet (the kept groups: the training batch), scheduler_state.json
-(the history with this round's groups appended, every group run, kept or burned)."""
+(the history with this round's groups appended, every group run, kept or burned), and
+audit.parquet: one row per episode run, with the faults injected into it (engine.audit_row;
+ground truth for tests and benches, which the curator never reads).
+A damaged upstream file (suite, scheduler state, quarantine, checkpoint) fails naming it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from rollwise.config import Params
-from rollwise.envs.runtime import load_suite
+from rollwise.envs.faults import AUDIT_FILE
 from rollwise.schedule import SCHEDULERS
 from rollwise.schedule.history import extend, from_state, observe, to_state
 from rollwise.schedule.plan import Budget, execute_plan, plan_metrics, timed
 from rollwise.types import STEP_COLUMNS
 from tasks.common import (
     atomic_dir,
+    corrupt,
     envs_dir,
     load_checkpoint,
     log,
     model_dir,
+    read_json,
+    read_suite,
     read_table,
     require,
     round_dir,
@@ -35,18 +40,18 @@ from tasks.common import (
 
 def run(params: Params, root: Path, r: str) -> dict:
     from rollwise.rollout.cost import episode_costs
-    from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env
+    from rollwise.rollout.engine import AUDIT_COLUMNS, EpisodeSpec, Limits, audit_row, clone_env
     from rollwise.rollout.executors import EXECUTORS
 
     prev = params.rounds[r]
     suite_dir = require(envs_dir(root), "generate")
-    suite = load_suite(suite_dir)
+    suite = read_suite(suite_dir)
     policy_dir = require(model_dir(root, prev), stage_of_model(prev))
     cfg, seed = params.rollout, params.schedule.seed * 1000 + int(r)
     state = require(
         round_dir(root, "rollouts", prev) / "scheduler_state.json", stage_of_state(prev)
     )
-    history = from_state(json.loads(state.read_text()))
+    history = read_history(state, stage_of_state(prev))
     budget = Budget(params.schedule.tasks_per_round, cfg.samples_per_task, int(r), seed)
     method = params.schedule.method
     knobs = getattr(params.schedule, method, None)  # the method's own section; random has none
@@ -55,6 +60,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     )
     catalog = schedulable(suite.catalog, quarantine)
     plan, schedule_s = timed(SCHEDULERS[method], catalog, history, budget, knobs)
+    demos, too_long = opening_demonstrations(params, root, prev, suite, plan, policy_dir)
     limits = Limits(
         max_turns=cfg.max_turns,
         max_new_tokens=cfg.max_new_tokens,
@@ -71,6 +77,7 @@ def run(params: Params, root: Path, r: str) -> dict:
         f"executor {cfg.executor}, backend {cfg.backend}",
     )
     steps: list[dict] = []
+    audit: list[dict] = []  # every episode run, burned ones too
 
     def run_batch(rows: pd.DataFrame) -> pd.DataFrame:
         """Episodes of some plan rows (one call for a static plan; DAPO calls it per batch)."""
@@ -78,7 +85,7 @@ def run(params: Params, root: Path, r: str) -> dict:
             EpisodeSpec(
                 f"r{r}/{task_id}/s{k}",
                 suite.tasks[task_id],
-                clone_env(suite.envs[suite.tasks[task_id].env_id]),
+                demonstrated(clone_env(suite.envs[suite.tasks[task_id].env_id]), demos, task_id),
                 group=task_id,
                 sample=k,
                 seed=cfg.seed * 100000 + int(r) * 1000 + k,
@@ -95,6 +102,7 @@ def run(params: Params, root: Path, r: str) -> dict:
             load=lambda: load_checkpoint(policy_dir, stage_of_model(prev)),  # local: loaded model
         )
         steps.extend(batch_steps)
+        audit.extend(audit_row(e) for e in episodes)
         return pd.DataFrame(episodes)
 
     executed, ran = execute_plan(plan, run_batch, budget.tasks)
@@ -110,13 +118,55 @@ def run(params: Params, root: Path, r: str) -> dict:
         executed.assign(round=int(r)).to_parquet(out / "plan.parquet")
         episodes.reset_index(drop=True).to_parquet(out / "episodes.parquet")
         steps_table.reset_index(drop=True).to_parquet(out / "steps.parquet")
+        pd.DataFrame(audit, columns=AUDIT_COLUMNS).to_parquet(out / AUDIT_FILE)
         write_json(out / "scheduler_state.json", to_state(history, method=method, round=int(r)))
     return {
         **rollout_metrics(ran),
         **plan_metrics(executed),
         "episodes_kept": len(episodes),
         "schedule_s": schedule_s,
+        "demonstrated_tasks": len(demos),
+        "demonstrations_skipped_context": len(too_long),
     }
+
+
+def opening_demonstrations(params: Params, root: Path, prev: str, suite, plan, policy_dir: Path):
+    """With `curate.demonstrations`, the best banked success (bank of round prev) of each planned
+    task as demonstration messages, and the tasks whose demonstration would overflow the
+    context (skipped). Only the local executor keeps them: Ray workers rebuild environments."""
+    from rollwise.curate.success_bank import demonstrations
+    from rollwise.policy.build import load_tokenizer
+
+    if not params.curate.demonstrations:
+        return {}, []
+    if params.rollout.executor != "local":
+        raise ValueError(
+            "curate.demonstrations needs rollout.executor: local (Ray workers rebuild each "
+            "environment from the suite, without its demonstration)"
+        )
+    bank_file = round_dir(root, "curated", prev) / "success_bank.parquet"
+    bank = read_table(bank_file, stage_of_state(prev, "curate"))
+    tasks = [suite.tasks[t] for t in plan["task_id"]]
+    reply = params.rollout.max_new_tokens
+    tok = load_tokenizer(policy_dir)
+    return demonstrations(bank, tasks, suite.envs, tok, params.policy.max_context, reply)
+
+
+def demonstrated(env, demos: dict, task_id: str):
+    """The episode's environment, opening with the task's demonstration when it has one."""
+    from rollwise.curate.success_bank import Demonstrated
+
+    return Demonstrated(env, demos[task_id]) if task_id in demos else env
+
+
+def read_history(path: Path, stage: str) -> pd.DataFrame | None:
+    """The scheduler's history in a state file; unreadable or of the wrong shape, the error
+    names the file and the stage that writes it."""
+    state = read_json(path, stage)
+    try:
+        return from_state(state)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise corrupt(path, stage, e) from e
 
 
 def stage_of_model(r: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import uuid
 
 import pytest
@@ -14,6 +15,9 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_mult
 from rollwise.envs.bfcl import BFCLEnv, Entry, expected_of, replay
 from rollwise.envs.generate import oracle_passes
 from rollwise.envs.protocol import Environment, MultiTurn, TaskSource
+from rollwise.policy.chat import MAX_CALLS_PER_TURN, action_text, encode
+from rollwise.policy.hf import Completion
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes, user_text
 
 
 def fresh_name() -> str:
@@ -127,3 +131,118 @@ def test_fingerprint_follows_the_state(base):
     assert base.fingerprint() == fresh
     base.step(task.oracle[0])
     assert base.fingerprint() != fresh
+
+
+# ------------------------------------------------------------------------------ through the engine
+
+
+class Tagged(BFCLEnv):
+    """BFCLEnv with the entry's id in its system message: the scripted policy's only way to tell
+    apart entries that open with the same request (state, tools and checks are BFCL's)."""
+
+    def reset(self, task, seed):
+        system, *rest = super().reset(task, seed)
+        return [{**system, "content": f"{system['content']} [{task.task_id}]"}, *rest]
+
+
+def byte_tokenizer(texts: list[str]):
+    """Byte-level BPE with the policy's chat template: no [UNK], so any BFCL result or message
+    round-trips and the decoded episode can be compared with the text it should be."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rollwise.policy.build import CHAT_TEMPLATE, SPECIAL_TOKENS, TAG_TOKENS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=alphabet, show_progress=False)  # fmt: skip
+    tok.train_from_iterator(texts, trainer)
+    tok.add_tokens(TAG_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def turn_actions(calls: list) -> list[str]:
+    """One user turn's assistant turns: its calls, MAX_CALLS_PER_TURN at a time, then a reply."""
+    step = MAX_CALLS_PER_TURN
+    chunks = [action_text(calls[i : i + step]) for i in range(0, len(calls), step)]
+    return [*chunks, action_text(answer="Done.")]
+
+
+class ScriptedTurns:
+    """A policy that plays each entry's (edited) ground truth turn by turn: a user turn's calls,
+    MAX_CALLS_PER_TURN per assistant turn, then a reply without calls, which asks for the next
+    user turn. The entry is read off the prompt's tag; the turn, off its assistant cues."""
+
+    def __init__(self, tok, env: BFCLEnv, edit):
+        self.tok = tok
+        self.actions = {
+            t.task_id: [a for calls in env.oracle_turns(t) for a in turn_actions(edit(calls))]
+            for t in env.tasks()
+        }
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None,
+                 top_p=1.0):  # fmt: skip
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            entry_id = re.search(r"\[(multi_turn_\w+?_\d+)\]", text).group(1)
+            turn = self.actions[entry_id][text.count("<|im_start|>assistant") - 1]
+            ids = encode(self.tok, turn)
+            out.append(Completion(ids, [-0.5] * len(ids), stopped=True))
+        return out
+
+
+def engine_run(category: str, edit=lambda turn: turn, max_turns: int = 64):
+    env = Tagged([category])
+    texts = [json.dumps(e.turns) for e in env.entries.values()]
+    tok = byte_tokenizer(texts)
+    tasks = env.tasks()
+    specs = [EpisodeSpec(t.task_id, t, clone_env(env), t.task_id) for t in tasks]
+    limits = Limits(max_turns=max_turns, max_new_tokens=100_000, max_context=10_000_000)
+    episodes, steps = run_episodes(specs, ScriptedTurns(tok, env, edit), tok, limits)
+    return env, tok, {t.task_id: t for t in tasks}, episodes
+
+
+def user_turns(env: BFCLEnv, task) -> list[list[dict]]:
+    """What next_turn says after each reply, on a fresh copy (miss_func reveals included)."""
+    env = clone_env(env)
+    env.reset(task, seed=0)
+    return list(iter(lambda: env.next_turn("Done."), None))
+
+
+@pytest.mark.parametrize("category", ["base", "miss_func", "miss_param", "long_context"])
+def test_the_engine_feeds_every_user_turn_and_ground_truth_passes_every_entry(category):
+    env, tok, tasks, episodes = engine_run(category)
+    assert len(episodes) == 200  # pinned, as above: BFCL passes all 200 of its own
+    assert [e["termination"] for e in episodes] == ["answer"] * 200
+    assert sum(e["success"] for e in episodes) == 200  # and so do we, fed turn by turn
+    for ep in episodes:
+        entry, later = env.entries[ep["task_id"]], user_turns(env, tasks[ep["task_id"]])
+        ids, mask, spans = ep["token_ids"], ep["loss_mask"], ep["turn_spans"]
+        replies = [s for s in spans if tok.decode(ids[s[0] : s[1]]) == "Done.<|im_end|>"]
+        assert len(replies) == len(entry.turns)  # one reply per user turn, the last one ends it
+        assert ep["tool_calls"] == sum(map(len, entry.ground_truth))
+        assert len(later) == len(entry.turns) - 1
+        for (_, end), turn in zip(replies, later, strict=False):
+            user_ids = encode(tok, user_text(turn))  # each later user turn, exactly, mask 0
+            assert ids[end : end + len(user_ids)] == user_ids
+            assert not any(mask[end : end + len(user_ids)])
+
+
+def test_through_the_engine_wrong_calls_or_a_conversation_cut_short_fail():
+    *_, episodes = engine_run("base", lambda turn: turn[:-1])
+    assert len(episodes) == 200 and not any(e["success"] for e in episodes)  # pinned: 0 pass
+    # Two assistant turns: the first user turn's calls and its reply; later turns go unheard.
+    env, _, _, episodes = engine_run("base", max_turns=2)
+    several = [len(env.entries[e["task_id"]].turns) > 1 for e in episodes]
+    assert [e["termination"] == "max_turns" for e in episodes] == several
+    assert [e["success"] for e in episodes] == [not s for s in several]
+    assert sum(several) == 197  # pinned: 3 base entries have one user turn (and pass)

@@ -427,7 +427,7 @@ def write_round(root: Path, r: str, episodes: pd.DataFrame, steps: pd.DataFrame)
     episodes.to_parquet(root / "data" / "rollouts" / f"round_{r}" / "episodes.parquet")
     steps.to_parquet(root / "data" / "rollouts" / f"round_{r}" / "steps.parquet")
     decisions = pd.DataFrame({"episode_id": episodes["episode_id"], "kept": True,
-                              "reason": "", "evidence": ""})  # fmt: skip
+                              "reason": "", "evidence": "", "weight": 1.0})  # fmt: skip
     decisions.to_parquet(root / "data" / "curated" / f"round_{r}" / "decisions.parquet")
 
 
@@ -462,6 +462,84 @@ def test_stage_carries_the_tracker_across_rounds(tmp_path: Path):
     )
     adv = pd.read_parquet(tmp_path / "data/advantages/round_02/advantages.parquet")
     assert list(adv.columns) == ADVANTAGE_COLUMNS and len(adv) == sum(map(len, eps2["turn_spans"]))
+
+
+def curated_round(tmp_path: Path) -> pd.DataFrame:
+    """Round 01 of task "a": rewards 1, 0, 0, 1, one turn each, every episode kept at weight 1."""
+    from tasks.warmstart import initial_credit_state
+
+    episodes = pd.DataFrame(
+        [episode(f"a{i}", "a", r, [[3, 6]], token_ids=list(range(8)), loss_mask=[0, 0, 0] + [1] * 3
+                 + [0, 0], logprobs=[-0.5] * 8) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+    )  # fmt: skip
+    steps = pd.DataFrame([call(f"a{i}", 0, 3, "s0", "s1", "get", {"id": 1}, {}) for i in range(4)])
+    write_round(tmp_path, "01", episodes, steps)
+    initial_credit_state(tmp_path)
+    return episodes
+
+
+def stage_advantages(tmp_path: Path, params) -> tuple[dict[str, float], dict]:
+    from tasks import credit
+
+    credit.run(params, tmp_path, "01")
+    out = tmp_path / "data/advantages/round_01"
+    adv = pd.read_parquet(out / "advantages.parquet")
+    return per_episode(adv), json.loads((out / "credit_state.json").read_text())
+
+
+def test_stage_scales_advantages_by_the_decision_weight(tmp_path: Path):
+    curated_round(tmp_path)
+    params = validate({"rounds": {"01": "00"}})
+    full, _ = stage_advantages(tmp_path, params)
+    decisions_path = tmp_path / "data/curated/round_01/decisions.parquet"
+    decisions = pd.read_parquet(decisions_path)
+    decisions.loc[decisions["episode_id"] == "a1", "weight"] = 0.5  # `curate.action: weight`
+    decisions.to_parquet(decisions_path)
+    half, _ = stage_advantages(tmp_path, params)
+    assert full["a1"] == pytest.approx(-1.0, abs=1e-5)  # (0 - 0.5) / 0.5
+    assert half["a1"] == pytest.approx(0.5 * full["a1"])
+    assert {k: v for k, v in half.items() if k != "a1"} == {
+        k: v for k, v in full.items() if k != "a1"
+    }
+
+
+def test_stage_replays_positives_into_credit_and_the_training_batch(tmp_path: Path):
+    from rollwise.curate import success_bank
+    from rollwise.train.trainer import training_batch
+    from tasks import credit
+
+    curated_round(tmp_path)
+    params = validate({"rounds": {"01": "00"}})
+    _, state_without = stage_advantages(tmp_path, params)
+    turn = [{"name": "get", "arguments": {"id": 1}, "observation": "{}", "step": 0,
+             "fingerprint_before": "s0", "fingerprint_after": "s1", "observation_kind": "ok",
+             "span_start": 3, "span_end": 7}]  # fmt: skip
+    bank = pd.DataFrame([{
+        "task_id": "a", "env_id": "e", "episode_id": "r00/a/s0", "round": 0, "policy_version": 0,
+        "reward": 1.0, "answer": "x", "trajectory": json.dumps([turn]), "key": "k",
+        "tool_calls": 1, "token_ids": [9] * 10, "loss_mask": [0] * 3 + [1] * 7,
+        "logprobs": [-2.0] * 10, "turn_spans": [[3, 7], [8, 10]], "prompt_len": 3}])  # fmt: skip
+    positives = success_bank.positives(bank, ["a"], per_task=1, r=1)
+    positives.to_parquet(tmp_path / "data/curated/round_01/positives.parquet")
+    values, state = stage_advantages(tmp_path, params)
+    # group a is now 1, 0, 0, 1 and the positive 1: mean 0.6, population std sqrt(0.24)
+    std = 0.24**0.5
+    assert values["bank/r00/a/s0"] == pytest.approx(0.4 / std, abs=1e-5)
+    assert values["a1"] == pytest.approx(-0.6 / std, abs=1e-5)
+    steps = credit.round_steps(tmp_path, "01")
+    replayed = steps[steps["episode_id"] == "bank/r00/a/s0"]
+    assert replayed[["step", "fingerprint_after", "tool", "span_start"]].values.tolist() == [
+        [0, "s1", "get", 3]
+    ]
+    kept = credit.kept_episodes(tmp_path, "01")  # what train@01 reads
+    adv = pd.read_parquet(tmp_path / "data/advantages/round_01/advantages.parquet")
+    items = training_batch(kept, adv)
+    assert len(items) == 5
+    item = next(it for it in items if it["ids"] == [9] * 10)  # the positive
+    assert item["logprobs"] == [-2.0] * 10  # the older policy's, for PPO's ratio
+    a = values["bank/r00/a/s0"]
+    assert item["adv"] == pytest.approx([0.0] * 3 + [a] * 4 + [0.0] + [a] * 2, abs=1e-5)
+    assert state["tracker"] == state_without["tracker"]  # a replay is not new evidence
 
 
 # ---------------------------------------------------------------------------- diagnostics

@@ -437,3 +437,113 @@ def test_curate_stage_writes_and_carries_the_bank(faulty, mixed, tmp_path: Path)
     q = pd.read_parquet(curated / "round_02" / "quarantine.parquet")
     assert set(q.columns) == {"task_id", "env_id", "cause", "confidence", "since_round",
                               "until_round", "evidence"}  # fmt: skip
+
+
+def test_positives_replay_their_banked_steps(faulty, mixed):
+    _, suite, _ = faulty
+    episodes, steps = mixed
+    table, _ = attribute(episodes, steps, suite, CFG)
+    bank = success_bank.verified_successes(episodes, steps, table)
+    assert len(bank) > 0
+    pos = success_bank.positives(bank, list(bank["task_id"].unique()), per_task=10, r=2)
+    got = success_bank.positive_steps(pos).sort_values(["episode_id", "step"], ignore_index=True)
+    want = steps[steps["episode_id"].isin(bank["episode_id"])].assign(
+        episode_id=lambda d: success_bank.REPLAY_PREFIX + d["episode_id"]
+    )
+    want = want.sort_values(["episode_id", "step"], ignore_index=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert (pos["termination"] == "answer").all()
+
+
+def test_demonstrated_env_only_changes_the_opening(faulty):
+    _, suite, _ = faulty
+    task = sorted(suite.tasks.values(), key=lambda t: t.task_id)[0]
+    demo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    env = success_bank.Demonstrated(clone_env(suite.envs[task.env_id]), demo)
+    plain = clone_env(suite.envs[task.env_id]).reset(task, 0)
+    assert env.reset(task, 0) == plain[:1] + demo + plain[1:]
+    assert env.tools() == suite.envs[task.env_id].tools()
+    copy.copy(env).fingerprint()  # a copy delegates too (no recursion on a half-built copy)
+
+
+def write_rollouts(root: Path, envs: Path, episodes: pd.DataFrame, steps: pd.DataFrame) -> None:
+    """A stage root with the suite, round 00's curated state and round 01's rollouts."""
+    from tasks.warmstart import initial_curate_state
+
+    shutil.copytree(envs, root / "data" / "envs")
+    initial_curate_state(root)
+    rollouts = root / "data" / "rollouts" / "round_01"
+    rollouts.mkdir(parents=True)
+    episodes.to_parquet(rollouts / "episodes.parquet")
+    steps.to_parquet(rollouts / "steps.parquet")
+
+
+@pytest.mark.e2e
+def test_bank_published_to_s3_comes_back_equal(faulty, mixed, tmp_path: Path, s3_server: str,
+                                               monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+    import uuid
+
+    import boto3
+
+    from rollwise import storage
+    from rollwise.config import Params
+    from tasks import curate
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # as tests/test_storage.py does
+    bucket = f"rw-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    write_rollouts(tmp_path, faulty[0], *mixed)
+    params = Params(rounds={"01": "00"}, curate=CurateConfig(bank_url=f"s3://{bucket}/banks/"))
+    curate.run(params, tmp_path, "01")
+    local = tmp_path / "data" / "curated" / "round_01" / "success_bank.parquet"
+    out = tmp_path / "fetched"
+    storage.fetch(f"s3://{bucket}/banks/round_01", out)
+    assert [p.name for p in out.iterdir()] == ["success_bank.parquet"]
+    assert (out / "success_bank.parquet").read_bytes() == local.read_bytes()
+    bank = pd.read_parquet(out / "success_bank.parquet")
+    pd.testing.assert_frame_equal(bank, pd.read_parquet(local))
+    assert len(bank) > 0 and set(bank.columns) == set(success_bank.BANK_COLUMNS)
+
+
+def test_rollout_opens_banked_tasks_with_their_demonstration(tmp_path: Path):
+    from rollwise.config import validate
+    from rollwise.policy.build import build_model, save_policy
+    from rollwise.policy.chat import prompt_ids
+    from tasks import rollout
+    from tasks.warmstart import initial_schedule_state, suite_tokenizer
+    from tests.helpers import TINY_POLICY
+
+    make_suite(tmp_path / "envs")
+    suite = load_suite(tmp_path / "envs")
+    tok = suite_tokenizer(suite)
+    save_policy(build_model(tok, TINY_POLICY), tok, tmp_path / "models" / "round_00")
+    banked, long, plain = sorted(suite.split("train"), key=lambda t: t.task_id)[:3]
+    cases = [run_script(suite, t, 0, oracle(t), t.answer) for t in (banked, long)]
+    episodes, steps = frames(cases)
+    steps.loc[steps["episode_id"] == cases[1][0]["episode_id"], "observation"] = "word " * 600
+    wins = pd.DataFrame({"episode_id": episodes["episode_id"], "success": True, "cause": "policy"})
+    write_rollouts(tmp_path, tmp_path / "envs", episodes, steps)
+    bank = success_bank.verified_successes(episodes, steps, wins)
+    bank.to_parquet(tmp_path / "data" / "curated" / "round_00" / "success_bank.parquet")
+    initial_schedule_state(tmp_path)
+    shutil.rmtree(tmp_path / "data" / "rollouts" / "round_01")
+    params = validate({
+        "rounds": {"01": "00"}, "schedule": {"tasks_per_round": 100},
+        "rollout": {"samples_per_task": 1, "max_turns": 1, "max_new_tokens": 4},
+        "curate": {"demonstrations": True}})  # fmt: skip
+    metrics = rollout.run(params, tmp_path, "01")
+    assert metrics["demonstrated_tasks"] == 1 and metrics["demonstrations_skipped_context"] == 1
+    out = pd.read_parquet(tmp_path / "data" / "rollouts" / "round_01" / "episodes.parquet")
+    opening = {e.task_id: list(e.token_ids[: e.prompt_len]) for e in out.itertuples()}
+
+    def prompt(task, demo=None):
+        env = clone_env(suite.envs[task.env_id])
+        messages = env.reset(task, 0)
+        messages = success_bank.with_demonstration(messages, demo) if demo else messages
+        return prompt_ids(tok, messages, env.tools())
+
+    demo = success_bank.demonstration(success_bank.best(bank, banked.task_id), banked.prompt)
+    assert demo[1]["content"].startswith("<tool_call>") and demo[-1]["content"] == banked.answer
+    assert opening[banked.task_id] == prompt(banked, demo) != prompt(banked)
+    assert opening[long.task_id] == prompt(long)  # its demonstration would overflow: skipped
+    assert opening[plain.task_id] == prompt(plain)  # nothing banked

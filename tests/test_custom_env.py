@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -11,13 +12,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from examples.notes_env import NotesEnv
 from rollwise.config import EnvsConfig, FaultsConfig, ParamsError, validate
 from rollwise.envs.custom import build_env, load_factory
 from rollwise.envs.generate import catalog_row
-from rollwise.envs.protocol import Environment, TaskSource
+from rollwise.envs.protocol import Environment, MultiTurn, TaskSource
 from rollwise.envs.rubric import WEIGHTS
 from rollwise.envs.runtime import load_suite
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes, user_text
+from rollwise.types import Task
 from tests.helpers import TINY_POLICY, make_suite
 
 NOTES = "examples.notes_env:make_env"
@@ -117,3 +120,67 @@ def test_oracle_policy_succeeds_through_the_engine(suite, tokenizer):
     assert len(writes) == 4 and all(
         s["fingerprint_before"] != s["fingerprint_after"] for s in writes
     )
+
+
+class TwoTurnNotes(NotesEnv):
+    """The notes example with a user who speaks twice (protocol.MultiTurn): first "what does
+    the X note say?", then, after the reply, "change it to done and reply with its old text";
+    the oracle is split by user turn."""
+
+    def tasks(self) -> list[Task]:
+        return [
+            dataclasses.replace(
+                t,
+                task_id=t.task_id.replace("clear", "twice"),
+                prompt=f"What does the {t.target['key']} note say?",
+                target={**t.target, "then": t.prompt},
+            )
+            for t in super().tasks()
+            if t.kind == "clear"
+        ]
+
+    def reset(self, task: Task, seed: int) -> list[dict]:
+        self.heard = 1
+        return super().reset(task, seed)
+
+    def next_turn(self, answer: str | None) -> list[dict] | None:
+        if self.heard == 2:
+            return None
+        self.heard = 2
+        return [{"role": "user", "content": self.task.target["then"]}]
+
+    def oracle_turns(self, task: Task) -> list[list]:
+        return [[call] for call in task.oracle]
+
+
+def test_a_users_multi_turn_environment_runs_turn_by_turn(tmp_path: Path, monkeypatch):
+    from rollwise.policy.chat import action_text, encode
+    from tasks.warmstart import suite_tokenizer
+    from tests.test_engine import ScriptBackend
+
+    module = types.ModuleType("twice_env")
+    module.make = TwoTurnNotes
+    monkeypatch.setitem(sys.modules, "twice_env", module)
+    counts = make_suite(tmp_path, EnvsConfig(custom="twice_env:make"))
+    assert counts == {"envs": 1, "tasks": 4, "oracle_rejected": 0}  # oracles replayed per turn
+    suite = load_suite(tmp_path)
+    assert isinstance(suite.envs["notes"], MultiTurn)
+    tok = suite_tokenizer(suite)
+    turns = {  # per prompt: read, reply, (the second user turn), write, reply again
+        t.prompt: [action_text([t.oracle[0]]), action_text(answer=t.answer),
+                   action_text([t.oracle[1]]), action_text(answer=t.answer)]
+        for t in suite.tasks.values()
+    }  # fmt: skip
+
+    def script(text: str) -> list[str]:
+        return next(v for k, v in turns.items() if f"user\n{k}<|im_end|>" in text)
+
+    specs = specs_for(suite, "twice")
+    episodes, _ = run_episodes(specs, ScriptBackend(tok, script), tok, Limits(max_context=512))
+    ends = [(e["termination"], e["turns"], e["success"]) for e in episodes]
+    assert ends == [("answer", 4, True)] * 4
+    for ep, spec in zip(episodes, specs, strict=True):
+        (_, replied), (asked, _) = ep["turn_spans"][1], ep["turn_spans"][2]
+        said = encode(tok, user_text([{"role": "user", "content": spec.task.target["then"]}]))
+        assert ep["token_ids"][replied:asked] == said  # the second user turn, tokenized once
+        assert not any(ep["loss_mask"][replied:asked])

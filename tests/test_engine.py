@@ -3,18 +3,29 @@ reproducibility, and the cost of a round."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import shutil
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from rollwise.config import CostConfig
+from rollwise.config import CostConfig, FaultsConfig, validate
 from rollwise.policy.chat import encode, parse_action, prompt_ids
 from rollwise.policy.hf import Completion, HFBackend
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
-from tests.helpers import assert_same_episodes, scripted_policy
+from rollwise.rollout.engine import (
+    AUDIT_COLUMNS,
+    EpisodeSpec,
+    Limits,
+    audit_row,
+    clone_env,
+    run_episodes,
+    user_text,
+)
+from tests.helpers import SMALL_ENVS, assert_same_episodes, make_suite, scripted_policy
 from tests.test_chat import action_text, check_episode_masks, one_task_per_kind
 
 
@@ -216,6 +227,116 @@ def test_a_tool_that_raises_is_an_env_error_observation(policy):
     )
 
 
+# ------------------------------------------------------------------------------ user turns
+
+
+class TwoTurns(Troubled):
+    """A real environment whose user speaks twice: after the first answer, `follow_up`; after
+    the second, nothing. `fail="next_turn"` makes the user raise instead."""
+
+    def __init__(self, env, follow_up: list[dict], fail: str = ""):
+        super().__init__(env, fail=fail)
+        self.follow_up = follow_up
+
+    def reset(self, task, seed):
+        self.answers = []  # per episode: created in reset (episodes run on copies)
+        return super().reset(task, seed)
+
+    def next_turn(self, answer):
+        if self.fail == "next_turn":
+            raise RuntimeError("user gone")
+        self.answers.append(answer)
+        return self.follow_up if len(self.answers) == 1 else None
+
+
+def two_turn_run(policy, limits, follow_up=None, fail=""):
+    """One multi-call task: its oracle turns and answer, the follow-up, the answer again."""
+    task, other = multi_call_tasks(policy.suite, 2)
+    follow_up = follow_up or [{"role": "user", "content": other.prompt}]  # in-vocabulary words
+    again = action_text(answer=task.answer)
+    script = lambda text: oracle_script([task])(text) + [again]  # noqa: E731
+    wrap = lambda env: TwoTurns(env, follow_up, fail)  # noqa: E731
+    specs = specs_for(policy.suite, [task], wrap)
+    (ep,), steps = run_episodes(specs, ScriptBackend(policy.tokenizer, script), policy.tokenizer,
+                                limits)  # fmt: skip
+    return task, follow_up, specs[0].env, ep, steps, script
+
+
+def test_a_second_user_turn_is_appended_token_exact_with_loss_mask_0(policy):
+    tok = policy.tokenizer
+    task, follow_up, env, ep, steps, script = two_turn_run(policy, Limits())
+    n = len(task.oracle)
+    assert ep["termination"] == "answer" and ep["turns"] == n + 2 and ep["success"]
+    assert env.answers == [task.answer] * 2 and ep["answer"] == task.answer
+    spans, ids, mask = ep["turn_spans"], ep["token_ids"], ep["loss_mask"]
+    start, end = spans[n][1], spans[n + 1][0]  # after the first answer, before the second
+    assert ids[start:end] == encode(tok, user_text(follow_up))  # tokenized once, appended as is
+    assert mask[start:end] == [0] * (end - start) and not any(ep["logprobs"][start:end])
+    assert tok.decode(ids[start:end]) == (
+        f"\n<|im_start|>user\n{follow_up[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # The whole sequence is the chat template's rendering of the two-turn conversation.
+    messages = clone_env(policy.suite.envs[task.env_id]).reset(task, 0)
+    for call, step in zip(task.oracle, steps, strict=True):
+        said = action_text([call]).removesuffix("<|im_end|>")
+        messages += [{"role": "assistant", "content": said},
+                     {"role": "tool", "content": step["observation"]}]  # fmt: skip
+    messages += [{"role": "assistant", "content": task.answer}, *follow_up,
+                 {"role": "assistant", "content": task.answer}]  # fmt: skip
+    tools = [t.to_openai() for t in env.tools()]
+    rendered_text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert tok.decode(ids) == rendered_text.removesuffix("\n")
+    policy_ids = [i for i, m in zip(ids, mask, strict=True) if m]
+    assert tok.decode(policy_ids) == "".join(script(f"user\n{task.prompt}<|im_end|>"))
+
+
+def test_user_turns_respect_the_limits_and_a_failing_user_is_an_env_error(policy):
+    tok = policy.tokenizer
+    task, follow_up, _, full, _, _ = two_turn_run(policy, Limits())
+    n = len(task.oracle)
+    answered = full["turn_spans"][n][1]  # the sequence's length at the first answer
+    user_ids = encode(tok, user_text(follow_up))
+
+    _, _, _, ep, _, _ = two_turn_run(policy, Limits(max_turns=n + 1))  # no turn left to reply
+    assert ep["termination"] == "max_turns" and ep["turns"] == n + 1
+    assert ep["token_ids"] == full["token_ids"][: answered + len(user_ids)]
+
+    _, _, _, ep, _, _ = two_turn_run(policy, Limits(max_context=answered + len(user_ids)))
+    assert ep["termination"] == "context" and ep["token_ids"] == full["token_ids"][:answered]
+    assert ep["answer"] == task.answer and ep["verifier_calls"] == 1
+
+    _, _, _, ep, _, _ = two_turn_run(policy, Limits(), fail="next_turn")
+    assert ep["termination"] == "env_error" and ep["env_errors"] == 1 and ep["turns"] == n + 1
+
+    bad = [{"role": "assistant", "content": "words in the policy's mouth"}]
+    _, _, _, ep, _, _ = two_turn_run(policy, Limits(), follow_up=bad)
+    assert ep["termination"] == "env_error" and len(ep["token_ids"]) == answered
+
+
+def test_the_audit_rides_beside_the_row_never_in_it(policy):
+    """Injected faults come back per episode (for the rollout's audit table) without being a
+    column of the episode table, and survive pickling (Ray returns rows pickled)."""
+    import pickle
+
+    tasks = multi_call_tasks(policy.suite, 2)
+
+    class Noted(Troubled):
+        def reset(self, task, seed):
+            self.audit = [{"fault": "flaky_error", "step": 0}, {"fault": "flaky_error", "step": 1}]
+            return super().reset(task, seed)
+
+    episodes, _ = run_scripted(policy, tasks[:1], Limits(), wrap=lambda e: Noted(e))
+    clean, _ = run_scripted(policy, tasks[1:], Limits())
+    (row,) = pickle.loads(pickle.dumps(episodes))
+    assert audit_row(row)["faults"] == ["flaky_error"] and audit_row(row)["injections"] == 2
+    assert json.loads(audit_row(row)["detail"])[1] == {"fault": "flaky_error", "step": 1}
+    assert audit_row(clean[0])["faults"] == [] and list(audit_row(row)) == AUDIT_COLUMNS
+    table = pd.DataFrame(episodes + clean)
+    assert not [c for c in table.columns if "audit" in c or "fault" in c]
+    with pytest.raises(TypeError, match="engine's own row"):
+        audit_row(dict(row))  # a row that lost its audit is never read as "no faults"
+
+
 # ------------------------------------------------------------------------------ tool timeouts
 
 
@@ -297,3 +418,108 @@ def test_episode_cost_prices_every_cost_column():
     assert rollout_metrics(episodes)["cost"] == pytest.approx(0.72)
     free = episode_costs(episodes, CostConfig(**dict.fromkeys(CostConfig.model_fields, 0.0)))
     assert free.sum() == 0.0
+
+
+# ------------------------------------------------------------------------------ the rollout stage
+
+
+@pytest.fixture(scope="module")
+def stage_root(policy, tmp_path_factory) -> Path:
+    """A workspace ready for rollout@01: the scripted policy's suite regenerated with faults
+    (same tasks and words: faults change nothing the policy reads), its checkpoint as round 00,
+    and round 00's empty scheduler and curator states."""
+    from tasks.common import envs_dir, model_dir
+    from tasks.warmstart import initial_curate_state, initial_schedule_state
+
+    root = tmp_path_factory.mktemp("stage")
+    faults = FaultsConfig(flaky_p=0.5, flaky_wrong=0.3, verifier_flip_q=0.2, unsolvable_frac=0.3)
+    make_suite(envs_dir(root), SMALL_ENVS.model_copy(update={"faults": faults}))
+    shutil.copytree(policy.policy_dir, model_dir(root, "00"))
+    initial_schedule_state(root)
+    initial_curate_state(root)
+    return root
+
+
+STAGE_PARAMS = {
+    "schedule": {"method": "random", "tasks_per_round": 6},
+    "rollout": {"samples_per_task": 2, "max_turns": 4, "max_new_tokens": 40, "temperature": 0.7},
+}
+
+
+def test_the_rollout_stage_writes_one_audit_row_per_episode_apart(stage_root: Path):
+    from tasks.common import round_dir
+    from tasks.rollout import run
+
+    metrics = run(validate(STAGE_PARAMS), stage_root, "01")
+    out = round_dir(stage_root, "rollouts", "01")
+    audit = pd.read_parquet(out / "audit.parquet")
+    episodes, steps = (pd.read_parquet(out / f) for f in ("episodes.parquet", "steps.parquet"))
+    assert list(audit.columns) == AUDIT_COLUMNS and len(audit) == metrics["episodes"] == 12
+    assert audit["episode_id"].is_unique and set(episodes["episode_id"]) <= set(audit["episode_id"])
+    assert not [c for c in [*episodes.columns, *steps.columns] if "audit" in c or "fault" in c]
+    detail = audit["detail"].map(json.loads)
+    distinct = [sorted({d["fault"] for d in rows}) for rows in detail]
+    assert distinct == audit["faults"].map(list).tolist()
+    assert (audit["injections"] == detail.map(len)).all() and audit["injections"].sum() > 0
+    # The audit agrees with the steps: each call-level fault sits on a recorded call, of the
+    # kind the policy saw (a flaky failure is an environment error; a wrong value looks ok).
+    kinds = steps.set_index(["episode_id", "step"])["observation_kind"]
+    seen = {"flaky_error": "env_error", "flaky_wrong": "ok", "stochastic": "ok"}
+    calls = [((e, d["step"]), seen[d["fault"]])
+             for e, rows in zip(audit["episode_id"], detail, strict=True)
+             for d in rows if d["step"] >= 0 and e in set(steps["episode_id"])]  # fmt: skip
+    assert calls and all(kinds[key] == kind for key, kind in calls)
+
+
+DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+NAME_FIELDS = {ast.Name: "id", ast.Attribute: "attr", ast.alias: "name", ast.arg: "arg"}
+
+
+def code_words(path: Path) -> list[str]:
+    """A module's identifiers and string constants; docstrings left out (comments are not in
+    the syntax tree)."""
+    tree = ast.parse(path.read_text())
+    owners = [n for n in ast.walk(tree) if isinstance(n, DOC_OWNERS)]
+    docs = {id(n.body[0].value) for n in owners if ast.get_docstring(n, clean=False)}
+    words = []
+    for node in ast.walk(tree):
+        if type(node) in NAME_FIELDS:
+            words.append(getattr(node, NAME_FIELDS[type(node)]))
+        elif (
+            isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+        ):
+            words.append(node.value)
+    return words
+
+
+def test_the_curator_never_reads_the_audit():
+    """No code in curate/ or tasks/curate.py names an audit (its docstrings say it never reads
+    one), while the rollout stage that writes it does."""
+    root = Path(__file__).resolve().parents[1]
+    files = [*sorted((root / "src/rollwise/curate").glob("*.py")), root / "tasks/curate.py"]
+    named = [f"{p.name}: {w}" for p in files for w in code_words(p) if "audit" in w.lower()]
+    assert len(files) > 3 and named == []
+    assert "audit_row" in code_words(root / "tasks/rollout.py")  # the scan can see a use
+
+
+@pytest.mark.parametrize(
+    ("damaged", "named"),
+    [
+        ("data/envs/catalog.parquet", r"catalog\.parquet.*`generate`"),
+        ("data/envs/{env}/tasks.parquet", r"tasks\.parquet.*`generate`"),
+        ("data/rollouts/round_00/scheduler_state.json", r"scheduler_state\.json.*`warmstart`"),
+        ("data/curated/round_00/quarantine.parquet", r"quarantine\.parquet.*`warmstart`"),
+        ("models/round_00/model.safetensors", r"round_00.*`warmstart`"),
+    ],
+)
+def test_a_damaged_upstream_artifact_is_named(stage_root: Path, tmp_path: Path, damaged, named):
+    from tasks.common import CorruptArtifact
+    from tasks.rollout import run
+
+    root = tmp_path / "root"
+    shutil.copytree(stage_root, root, ignore=shutil.ignore_patterns("round_01"))
+    env = sorted(p.name for p in (root / "data/envs").iterdir() if p.is_dir())[0]
+    path = root / damaged.format(env=env)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated mid-write
+    with pytest.raises(CorruptArtifact, match=named):
+        run(validate(STAGE_PARAMS), root, "01")

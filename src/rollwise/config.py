@@ -195,6 +195,9 @@ class CurateConfig(Section):
     bank_per_task: int = Field(4, ge=1)  # success bank cap per task
     bank_url: str | None = None  # s3://bucket/prefix: publish each round's bank there
     replay_positives: int = Field(0, ge=0)  # banked successes per task as positives; 0 = off
+    # rollout@r opens each episode of a banked task with its best success of the bank of r-1
+    # (skipped, and counted, where it would leave no room for a reply within policy.max_context)
+    demonstrations: bool = False
     seed: int = 0
 
 

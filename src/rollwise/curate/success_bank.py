@@ -8,21 +8,30 @@ successes), so data/curated/round_NN/success_bank.parquet is self-contained and 
 published to S3 as it is (rollwise.storage).
 
 Two uses when a task is scheduled again: its best prior success as an in-context demonstration
-(`demonstration`, `with_demonstration`), and successes replayed as positive episodes in the
-training batch (`positives`; off by default: they were sampled from an older policy).
+(`demonstrations`, `Demonstrated`: params `curate.demonstrations`, read by rollout@r from the
+bank of round r-1), and successes replayed as positive episodes in the training batch
+(`positives`, `positive_steps`; `curate.replay_positives`, off by default: they were sampled from
+an older policy, so they carry that policy's log-probs for PPO's ratio, see tasks/credit.py).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from rollwise.curate.attribution import answer_of
-from rollwise.policy.chat import action_text
-from rollwise.types import ToolCall
+from rollwise.policy.chat import action_text, prompt_ids
+from rollwise.types import STEP_COLUMNS, Task, ToolCall
+
+REPLAY_PREFIX = "bank/"  # episode ids of replayed positives
+# A banked call keeps its step row (less the episode id) so a replay can rebuild it.
+STEP_FIELDS = [c for c in STEP_COLUMNS if c not in ("episode_id", "tool", "arguments",
+                                                    "observation")]  # fmt: skip
 
 BANK_COLUMNS = [
     "task_id",
@@ -32,7 +41,7 @@ BANK_COLUMNS = [
     "policy_version",
     "reward",
     "answer",
-    "trajectory",  # JSON: turns, each a list of {name, arguments, observation}
+    "trajectory",  # JSON: turns, each a list of {name, arguments, observation, STEP_FIELDS}
     "key",  # hash of the calls and the answer: one entry per distinct trajectory
     "tool_calls",
     "token_ids",
@@ -44,13 +53,15 @@ BANK_COLUMNS = [
 
 
 def trajectory(steps: pd.DataFrame) -> list[list[dict]]:
-    """An episode's calls grouped by the turn that made them, with what each returned."""
+    """An episode's calls grouped by the turn that made them, with what each returned (and the
+    rest of its step row: states and token span, for replaying it as a positive)."""
     turns: dict[int, list[dict]] = {}
     for s in steps.sort_values("step").to_dict("records"):
         call = {
             "name": s["tool"],
             "arguments": json.loads(s["arguments"]),
             "observation": s["observation"],
+            **{k: s[k] for k in STEP_FIELDS},
         }
         turns.setdefault(int(s["span_start"]), []).append(call)
     return [turns[k] for k in sorted(turns)]
@@ -133,13 +144,51 @@ def with_demonstration(messages: list[dict], demo: list[dict]) -> list[dict]:
     return head + demo + [m for m in messages if m["role"] != "system"]
 
 
+@dataclass
+class Demonstrated:
+    """An episode's environment whose opening messages carry a demonstration; everything else
+    (tools, step, fingerprint, verify, audit) is the wrapped environment's."""
+
+    env: object
+    demo: list[dict]
+
+    def reset(self, task: Task, seed: int) -> list[dict]:
+        return with_demonstration(self.env.reset(task, seed), self.demo)
+
+    def __getattr__(self, name: str):
+        if name in ("env", "demo"):  # not set yet (copy/pickle): never recurse
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def demonstrations(
+    bank: pd.DataFrame, tasks: list[Task], envs: dict, tokenizer, max_context: int, reply: int
+) -> tuple[dict[str, list[dict]], list[str]]:
+    """Per task id with a banked success, its best one as demonstration messages, if the
+    opening prompt with it leaves room for one full reply (`reply` tokens) within
+    `max_context`; and the task ids whose demonstration was skipped because it would not."""
+    demos, skipped = {}, []
+    for task in tasks:
+        entry = best(bank, task.task_id)
+        if entry is None:
+            continue
+        env = copy.copy(envs[task.env_id])  # reset builds the episode's state on the copy
+        demo = demonstration(entry, task.prompt)
+        messages = with_demonstration(env.reset(task, 0), demo)
+        if len(prompt_ids(tokenizer, messages, env.tools())) + reply > max_context:
+            skipped.append(task.task_id)
+        else:
+            demos[task.task_id] = demo
+    return demos, skipped
+
+
 def positives(bank: pd.DataFrame, task_ids: list[str], per_task: int, r: int) -> pd.DataFrame:
     """Banked successes of the given tasks as episode rows for the training batch (grouped
-    with their task, reward as recorded); ids are prefixed `bank/`."""
+    with their task, reward and rollout log-probs as recorded); ids are prefixed `bank/`."""
     rows = bank[bank["task_id"].isin(task_ids)].groupby("task_id", sort=False).head(per_task)
     return pd.DataFrame(
         {
-            "episode_id": "bank/" + rows["episode_id"],
+            "episode_id": REPLAY_PREFIX + rows["episode_id"],
             "round": r,
             "env_id": rows["env_id"],
             "task_id": rows["task_id"],
@@ -153,8 +202,23 @@ def positives(bank: pd.DataFrame, task_ids: list[str], per_task: int, r: int) ->
             "answer": rows["answer"],
             "reward": rows["reward"],
             "success": True,
+            "termination": "answer",  # verified successes answered
+            "trajectory": rows["trajectory"],
         }
     ).reset_index(drop=True)
+
+
+def positive_steps(positives: pd.DataFrame) -> pd.DataFrame:
+    """The step rows (STEP_COLUMNS) of replayed positives, rebuilt from their banked
+    trajectories, so that step-level credit (gigpo, concal, iapo) sees their calls and states."""
+    rows = [
+        {"episode_id": eid, "tool": c["name"], "arguments": json.dumps(c["arguments"], default=str),
+         "observation": c["observation"], **{k: c[k] for k in STEP_FIELDS}}
+        for eid, turns in zip(positives["episode_id"], positives["trajectory"], strict=True)
+        for turn in json.loads(turns)
+        for c in turn
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
 
 def load(path: Path) -> pd.DataFrame | None:

@@ -4,7 +4,9 @@ The factory takes no arguments and returns an object that implements the Environ
 and lists its tasks (envs/protocol.py). The generate stage replays every task's oracle through
 it and keeps the tasks whose oracle passes, as for synthetic suites, and writes one folder per
 env_id whose env.json names the factory; later stages (and Ray workers) rebuild the environment
-from that path, so the module must be importable wherever they run.
+from that path, so the module must be importable wherever they run. An environment whose user
+speaks more than once adds `next_turn` and `oracle_turns` (protocol.MultiTurn): generation then
+replays the oracle turn by turn, and the rollout engine feeds the user turns.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ One departure from design.md §3: `verify` takes the final answer and the calls 
 episode record; anything else it needs (the state above all) the environment keeps itself.
 Episodes run on shallow copies of one prototype (rollout/engine.py `clone_env`), so per-episode
 state must be created in `reset`, never shared through attributes set in `__init__`.
+
+One optional method: `next_turn(answer) -> list[dict] | None` (`MultiTurn`), for an environment
+whose user speaks more than once. It is not a member of `Environment`, so isinstance checks keep
+passing without it; callers go through the module function `next_turn`, whose default (no such
+method) is None: the conversation ends at the first answer, as before.
 """
 
 from __future__ import annotations
@@ -49,7 +54,15 @@ class MultiTurn(Protocol):
 
     def next_turn(self, answer: str | None) -> list[dict] | None:
         """The user's next message(s) after the policy ended its turn with `answer` (a reply
-        without tool calls), or None when the conversation is over."""
+        without tool calls), or None when the conversation is over. Only `user` messages: the
+        rollout engine tokenizes them once and appends them (loss mask 0) to the episode."""
 
     def oracle_turns(self, task: Task) -> list[list[ToolCall]]:
         """The task's oracle split by user turn."""
+
+
+def next_turn(env: Environment, answer: str | None) -> list[dict] | None:
+    """The environment's next user turn after `answer`; None (the end) for an environment
+    without `next_turn`."""
+    method = getattr(env, "next_turn", None)
+    return method(answer) if callable(method) else None

@@ -5,13 +5,19 @@ turn appends exactly the generated ids (loss mask 1) and the observation ids (ma
 conversation is never re-tokenized. A turn ends on the stop token (`<|im_end|>`, which closes a
 tool-call turn and an answer alike) or at its token room.
 
+The user may speak more than once: when the policy answers, the engine asks the environment
+for its next user turn (`protocol.next_turn`; None, the default, ends the conversation). User
+messages are tokenized once and appended like observations (loss mask 0), and the episode goes
+on; every limit below counts over the whole conversation.
+
 How an episode ends (its `termination`):
-  answer      the policy answered (a turn without tool calls)
-  max_turns   `max_turns` turns taken without an answer
+  answer      the policy answered and the environment has no further user turn
+  max_turns   `max_turns` assistant turns taken (over all user turns) before that
   max_tokens  a turn ran out of `max_new_tokens` before its stop token
-  context     the sequence reached `max_context`: no room for the next token or observation
-  env_error   the environment failed where no observation can stand in (reset, verify, or a
-              hung call still holding the state at the end)
+  context     the sequence reached `max_context`: no room for the next token, observation or
+              user turn
+  env_error   the environment failed where no observation can stand in (reset, next_turn,
+              verify, or a hung call still holding the state at the end)
 Tool calls that raise or overrun `tool_timeout_s` do not end the episode: they become
 observations of kind `env_error` and the policy takes its next turn.
 
@@ -30,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from rollwise.envs.protocol import next_turn
 from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids
 from rollwise.types import Observation, Task, ToolCall
 
@@ -167,7 +174,7 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
         action = parse_action(tokenizer.decode(ids, skip_special_tokens=False))
         if action.answer is not None:
             e.answer = action.answer
-            e.end("answer")
+            user_turn(e, tokenizer, limits)
         elif action.error is not None:
             e.tool_errors += 1
             error = Observation(json.dumps({"error": action.error}), "tool_error")
@@ -262,16 +269,75 @@ def record_step(e: Live, call: ToolCall, obs: Observation, before: str, after: s
 
 
 def observe(e: Live, observations: list[Observation], tokenizer, limits: Limits) -> None:
-    """Append the observation tokens, or end the episode if they leave no room for a turn."""
-    ids = encode(tokenizer, observation_text(observations))
+    append(e, encode(tokenizer, observation_text(observations)), limits)
+
+
+def user_turn(e: Live, tokenizer, limits: Limits) -> None:
+    """After an answer: the environment's next user turn appended, or the conversation's end."""
+    try:
+        messages = next_turn(e.spec.env, e.answer)
+        text = None if messages is None else user_text(messages)
+    except Exception:  # a user environment that raises (or says nonsense) costs this episode
+        e.env_errors += 1
+        e.end("env_error")
+        return
+    if text is None:
+        e.end("answer")
+    else:
+        append(e, encode(tokenizer, text), limits)
+
+
+def user_text(messages: list[dict]) -> str:
+    """User messages as the chat template renders them after an answer's <|im_end|>, ending on
+    the next assistant cue: the same ChatML framing as chat.observation_text."""
+    if not messages or any(
+        not isinstance(m, dict) or m.get("role") != "user" or not isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        raise ValueError(f"next_turn must return user messages or None, not {messages!r:.200}")
+    body = "".join(f"<|im_start|>user\n{m['content']}<|im_end|>\n" for m in messages)
+    return f"\n{body}<|im_start|>assistant\n"
+
+
+def append(e: Live, ids: list[int], limits: Limits) -> None:
+    """Append non-policy tokens (observations, a user turn; loss mask 0), or end the episode
+    if they leave no room for a turn."""
     if len(e.ids) + len(ids) + 1 >= limits.max_context:
         e.end("context")
         return
     e.extend(ids, None, policy=False)
 
 
-def finish(e: Live, limits: Limits) -> dict:
-    """Verify and flatten into an episode row (design.md §2 columns)."""
+class EpisodeRow(dict):
+    """An episode row with the faults injected into it riding beside it, not in it: `audit`
+    holds the environment's audit rows of this episode (envs/faults.py; [] for an environment
+    that keeps none). pd.DataFrame(rows) sees only the columns, so nothing downstream of the
+    episode table (the curator above all) can read the ground truth, while the audit still
+    crosses a Ray worker's pickling with its row. The rollout stage writes it apart
+    (`audit_row`)."""
+
+    audit: list[dict]
+
+
+AUDIT_COLUMNS = ["episode_id", "env_id", "task_id", "seed", "faults", "injections", "detail"]
+
+
+def audit_row(row: EpisodeRow) -> dict:
+    """One row of the rollout's audit table (data/rollouts/round_r/audit.parquet): the distinct
+    faults injected into the episode ([] for none), how many injections, and the environment's
+    own audit rows as JSON."""
+    if not isinstance(row, EpisodeRow):  # a plain dict lost its audit: never guess "no faults"
+        raise TypeError(f"audit_row needs the engine's own row, not a {type(row).__name__}")
+    return {
+        **{k: row[k] for k in ("episode_id", "env_id", "task_id", "seed")},
+        "faults": sorted({a["fault"] for a in row.audit}),
+        "injections": len(row.audit),
+        "detail": json.dumps(row.audit, default=str),
+    }
+
+
+def finish(e: Live, limits: Limits) -> EpisodeRow:
+    """Verify and flatten into an episode row (design.md §2 columns) with its audit."""
     rubric, verifier_calls = None, 0
     if e.hung is not None:
         e.hung.join(limits.tool_timeout_s)
@@ -286,7 +352,7 @@ def finish(e: Live, limits: Limits) -> dict:
             e.termination = "env_error"
     scores = rubric.scores if rubric else {}
     s = e.spec
-    return {
+    row = {
         "episode_id": s.episode_id,
         "env_id": s.task.env_id,
         "task_id": s.task.task_id,
@@ -312,6 +378,10 @@ def finish(e: Live, limits: Limits) -> dict:
         "verifier_calls": verifier_calls,
         "wall_s": e.wall_s,
     }
+    # Read after verify (a flipped verdict is noted there); a failed reset leaves a stale list.
+    row = EpisodeRow(row)
+    row.audit = [dict(a) for a in getattr(s.env, "audit", [])] if e.prompt_len else []
+    return row
 
 
 def clone_env(prototype):
