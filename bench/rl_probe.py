@@ -46,7 +46,11 @@ def warm_start(p, cache: Path):
     suite = load_suite(suite_dir)
     w = p.warmstart
     ck = cache / f"sft_{suite_dir.name}_{w.steps}_{w.lr}_{w.seed}_{p.policy.layers}"
-    ck = ck.with_name(ck.name + (f"_aug{w.augment_suites}" if w.augment_suites else ""))
+    ck = ck.with_name(
+        ck.name
+        + (f"_aug{w.augment_suites}" if w.augment_suites else "")
+        + (f"_b{w.batch_size}" if w.batch_size != 32 else "")
+    )
     if ck.exists():
         return suite, *load_policy(ck)
     with tempfile.TemporaryDirectory() as scratch:
