@@ -663,3 +663,23 @@ def test_lr_warmup_is_linear_over_the_runs_first_steps(model_and_pad):
     cfg = TrainConfig(lr=1e-3, warmup_steps=100, epochs=1, minibatches=2)
     train_round(model, synthetic_items([8, 8, 8, 8]), cfg, opt, pad, steps_before=10)
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 12 / 100)  # step 11 of the run
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma2"])  # the head on policy tokens / on all
+def test_masked_logprobs_equal_the_full_logits_ones_on_policy_tokens(model_and_pad, model_type):
+    from rollwise.train.trainer import masked_logprobs, tensors
+
+    model, pad = model_and_pad
+    ids, attn, mask, *_ = tensors(synthetic_items([9, 12, 10]), pad)  # [B, T] / [B, T-1]
+    logits = model(input_ids=ids, attention_mask=attn).logits / 0.7  # [B, T, V]
+    want, want_entropy = token_logprobs(logits, ids)  # [B, T-1] each
+    real = model.config.model_type
+    model.config.model_type = model_type
+    try:
+        logp, entropy = masked_logprobs(model, ids, attn, mask, TrainConfig(), temperature=0.7)
+    finally:
+        model.config.model_type = real
+    where = mask.bool()
+    torch.testing.assert_close(logp[where], want[where], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy[where], want_entropy[where], atol=1e-5, rtol=1e-5)
+    assert not logp[~where].any() and not entropy[~where].any()

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from rollwise.train.loss import Norm, kl_k3, ppo_clip_loss, tis_weights, token_logprobs
+from rollwise.train.loss import Norm, kl_k3, ppo_clip_loss, tis_weights
 from rollwise.train.optim import (  # noqa: F401  (callers import make_optimizer here)
     Optimizers,
     apply_lrs,
@@ -82,11 +82,31 @@ def step_plan(n_items: int, cfg) -> list[list[int]]:
     return plan
 
 
-def scaled_logits(model, ids: torch.Tensor, attn: torch.Tensor, cfg, temperature: float):
-    """Logits / temperature in float32 (bf16 autocast on CUDA when cfg.bf16)."""
+# Architectures whose logits are exactly the output embedding of the decoder's last hidden
+# state (no soft-capping or scale in between): their head may run on the policy's tokens only.
+PLAIN_HEAD = {"qwen2", "qwen3", "llama", "mistral"}
+
+
+def masked_logprobs(model, ids, attn, mask, cfg, temperature: float):
+    """Log-prob of each next token and the policy's entropy there ([B, T-1] each, float32; bf16
+    autocast on CUDA when cfg.bf16), at the temperature the rollout sampled with. Only the
+    positions in `mask` (the policy's tokens) are computed and are meaningful; elsewhere 0. The
+    head and softmax run on those positions alone (about a quarter of an episode's tokens) when
+    the architecture's head is plain, else on every position."""
+    where = mask.bool()  # [B, T-1]
     with autocast(cfg, ids.device):
-        logits = model(input_ids=ids, attention_mask=attn).logits  # [B, T, V]
-    return logits.float() / temperature  # [B, T, V]
+        if getattr(model.config, "model_type", None) not in PLAIN_HEAD:
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1][where]  # [N, V]
+        else:
+            out = model.get_decoder()(input_ids=ids, attention_mask=attn)
+            hidden = out.last_hidden_state[:, :-1][where]  # [N, H]
+            logits = model.get_output_embeddings()(hidden)  # [N, V]
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [N, V]
+    picked = logp_all.gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)  # [N]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [N]
+    logp = torch.zeros(where.shape, device=ids.device).masked_scatter(where, picked)  # [B, T-1]
+    ent = torch.zeros(where.shape, device=ids.device).masked_scatter(where, entropy)  # [B, T-1]
+    return logp, ent
 
 
 def on_device(batch: tuple, model) -> tuple:
@@ -97,13 +117,12 @@ def on_device(batch: tuple, model) -> tuple:
 
 @torch.no_grad()
 def policy_logprobs(model, items: list[dict], cfg, pad_id: int, temperature: float) -> list:
-    """The model's log-prob of each token (0.0 at position 0), aligned like the rollout's."""
+    """The model's log-prob of each policy token (0.0 elsewhere), aligned like the rollout's."""
     out = []
     for lo in range(0, len(items), cfg.micro_batch):
         part = items[lo : lo + cfg.micro_batch]
-        ids, attn, *_ = on_device(tensors(part, pad_id), model)  # [B, T] each
-        logits = scaled_logits(model, ids, attn, cfg, temperature)  # [B, T, V]
-        logp, _ = token_logprobs(logits, ids)  # [B, T-1]
+        ids, attn, mask, *_ = on_device(tensors(part, pad_id), model)  # [B, T] / [B, T-1]
+        logp, _ = masked_logprobs(model, ids, attn, mask, cfg, temperature)  # [B, T-1]
         out += [[0.0] + logp[i, : len(it["ids"]) - 1].tolist() for i, it in enumerate(part)]
     return out
 
@@ -206,8 +225,7 @@ def optimizer_step(
         part = mine[lo : lo + cfg.micro_batch]
         batch = on_device(tensors(part, pad_id), model)  # CPU -> the model's device
         ids, attn, mask, adv, old_logp, rollout_logp = batch  # [B,T] / [B,T-1]
-        logits = scaled_logits(model, ids, attn, cfg, temperature)  # [B, T, V]
-        logp, entropy = token_logprobs(logits, ids)  # [B, T-1] each
+        logp, entropy = masked_logprobs(model, ids, attn, mask, cfg, temperature)  # [B, T-1]
         weights = None
         share = float(mask.sum()) / norm.tokens
         if cfg.tis_cap is not None:
@@ -221,8 +239,7 @@ def optimizer_step(
         )
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref_logits = scaled_logits(ref_model, ids, attn, cfg, temperature)  # [B, T, V]
-            ref_logp, _ = token_logprobs(ref_logits, ids)  # [B, T-1]
+                ref_logp, _ = masked_logprobs(ref_model, ids, attn, mask, cfg, temperature)
             kl = kl_k3(logp, ref_logp, mask, norm, cfg.loss_agg)  # []
             loss = loss + cfg.kl_coef * kl
             stats["kl_ref"] += kl.item()
