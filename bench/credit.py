@@ -19,7 +19,8 @@ One process, no orchestration, one torch thread. Three panels:
 Writes bench/results/credit.json (+ .png). The warm start is cached under `--cache`.
 
     .venv/bin/python bench/credit.py warmstart.steps=800 [--seeds 0 1 2] [--rounds 2] [--tasks 8] \
-        [--mc 12] [--value-tasks 12] [--eval-tasks 64] [--toy-seeds 5] [key=value overrides]
+        [--mc 12] [--value-tasks 12] [--eval-tasks 64] [--toy-seeds 5] [--skip-llm-learning] \
+        [--only-value] [key=value overrides]
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.credit.concal import calibrated_returns  # noqa: E402
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report  # noqa: E402
+from rollwise.credit.gigpo import combine, step_returns  # noqa: E402
 from rollwise.credit.tracker import attach, empty_tracker, next_drift, next_tracker  # noqa: E402
 from rollwise.credit.turns import turn_table  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
@@ -203,6 +206,7 @@ def llm_value_panel(model, tok, suite, p, args) -> dict:
                                 args.value_seed)  # fmt: skip
     methods = {m: report(turns, episodes, steps, q, p.credit, m) for m in [*ESTIMATORS, *VARIANTS]}
     return {
+        "decomposition": decomposition(turns, episodes, steps, q, p.credit),
         "episodes": len(episodes), "turns": len(turns), "sample_success":
         float(episodes["success"].mean()), "reward_mean": float(episodes["reward"].mean()),
         "mc_continuations": args.mc, "mc_points": int((~keys.duplicated() & ~turns["last"]).sum()),
@@ -210,6 +214,24 @@ def llm_value_panel(model, tok, suite, p, args) -> dict:
         "replayed_calls": REPLAY["calls"], "replay_mismatches": REPLAY["mismatches"],
         "methods": methods, "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
+
+
+def decomposition(turns, episodes, steps, q, credit) -> dict:
+    """Value error of the parts of A = A^E + omega A^S: the episode term both methods share, each
+    step term alone, and the GiGPO form fed the reference Q itself (what no return estimate in
+    that form can beat: its A^E and per-cluster std normalization stay)."""
+    flat = credit.model_copy(update={"gigpo": credit.gigpo.model_copy(update={"omega": 0.0})})
+    episode = combine(episodes, turns, np.zeros(len(turns)), flat)  # [N] A^E
+    raw = step_returns(turns, credit.gigpo.gamma)  # [N]
+    cal = calibrated_returns(turns, credit.gigpo.gamma, credit.concal.pool_cap)  # [N]
+    parts = {
+        "episode_term": episode,
+        "gigpo_step_term": combine(episodes, turns, raw, credit) - episode,
+        "concal_step_term": combine(episodes, turns, cal, credit) - episode,
+        "reference_q_step_term": combine(episodes, turns, q, credit) - episode,
+        "reference_q_in_gigpo_form": combine(episodes, turns, q, credit),
+    }
+    return {k: value_report(turns, v, q)["value_error"] for k, v in parts.items()}
 
 
 # Knob variants reported next to the methods (value panels only: they cost no rollouts).
@@ -250,7 +272,7 @@ def toy_start() -> np.ndarray:
 
 def toy_value_panel(args, credit) -> dict:
     chain = ToyChain(toy_start(), max_turns=8)
-    rows = []
+    rows, parts = [], []
     for seed in range(args.toy_seeds):
         tasks = [(f"t{i}", TOY_LENGTHS[i % 3]) for i in range(args.toy_tasks)]
         episodes, steps = chain.sample(tasks, 8, seed)
@@ -258,7 +280,9 @@ def toy_value_panel(args, credit) -> dict:
         q = chain.exact_q(turns, episodes)
         rows += [{"method": m, "seed": seed, **report(turns, episodes, steps, q, credit, m)}
                  for m in [*ESTIMATORS, *VARIANTS]]  # fmt: skip
-    return {"seeds": args.toy_seeds, "methods": mean_by_method(pd.DataFrame(rows))}
+        parts.append(decomposition(turns, episodes, steps, q, credit))
+    return {"seeds": args.toy_seeds, "methods": mean_by_method(pd.DataFrame(rows)),
+            "decomposition": pd.DataFrame(parts).mean().to_dict()}  # fmt: skip
 
 
 def mean_by_method(df: pd.DataFrame) -> dict:
@@ -405,15 +429,19 @@ def plot(result: dict, path: Path) -> None:
         a.set_xticks(x, methods)
         a.set_title(title)
         a.legend()
-    held = result["learning_llm"]["heldout_success_per_seed"]
-    for i, m in enumerate(ARMS):
+    if "learning_llm" not in result:
+        ax[1, 0].set_axis_off()
+        ax[1, 0].set_title("LLM learning arm not run (--skip-llm-learning / --only-value)")
+    held = result.get("learning_llm", {}).get("heldout_success_per_seed", {})
+    for i, m in enumerate(held):
         vals = [100 * v for v in held[m]]
         ax[1, 0].bar(i, np.mean(vals), color="lightgray", edgecolor="black")
         ax[1, 0].scatter([i] * len(vals), vals, color="black", zorder=3)
-    ax[1, 0].axhline(100 * result["learning_llm"]["warmstart_success"], ls="--", color="gray")
-    ax[1, 0].set_xticks(range(len(ARMS)), ARMS)
-    ax[1, 0].set_title("LLM held-out success (%), long tasks; dashed: warm start")
-    for m, curve in result["learning_toy"]["curve_mean"].items():
+    if held:
+        ax[1, 0].axhline(100 * result["learning_llm"]["warmstart_success"], ls="--", color="gray")
+        ax[1, 0].set_xticks(range(len(ARMS)), ARMS)
+        ax[1, 0].set_title("LLM held-out success (%), long tasks; dashed: warm start")
+    for m, curve in result.get("learning_toy", {}).get("curve_mean", {}).items():
         ax[1, 1].plot(100 * np.array(curve), label=m)
     ax[1, 1].set_title("toy chain: exact success (%) per round, mean over seeds")
     ax[1, 1].legend()
@@ -422,21 +450,24 @@ def plot(result: dict, path: Path) -> None:
 
 
 def headline(result: dict) -> dict:
+    """The issue's figures from the panels that ran (learning ones only when their panel did)."""
     llm, toy = result["value_llm"]["methods"], result["value_toy"]["methods"]
-    held, toy_held = result["learning_llm"]["heldout_success"], result["learning_toy"]
-    reward = result["learning_llm"]["heldout_reward"]
-    return {
+    out = {
         "concal_over_gigpo_value_error_ratio":
             llm["concal"]["value_error"] / llm["gigpo"]["value_error"],
-        "concal_minus_gigpo_pts": 100 * (held["concal"] - held["gigpo"]),
-        "concal_minus_gigpo_reward_pts": 100 * (reward["concal"] - reward["gigpo"]),
         "toy_concal_over_gigpo_value_error_ratio":
             toy["concal"]["value_error"] / toy["gigpo"]["value_error"],
-        "toy_concal_minus_gigpo_pts":
-            100 * (toy_held["final_success"]["concal"] - toy_held["final_success"]["gigpo"]),
         "targets": {"concal_over_gigpo_value_error_ratio": "<= 0.7",
                     "concal_minus_gigpo_pts": ">= 3"},
     }  # fmt: skip
+    if "learning_llm" in result:
+        held, reward = (result["learning_llm"][k] for k in ("heldout_success", "heldout_reward"))
+        out["concal_minus_gigpo_pts"] = 100 * (held["concal"] - held["gigpo"])
+        out["concal_minus_gigpo_reward_pts"] = 100 * (reward["concal"] - reward["gigpo"])
+    if "learning_toy" in result:
+        final = result["learning_toy"]["final_success"]
+        out["toy_concal_minus_gigpo_pts"] = 100 * (final["concal"] - final["gigpo"])
+    return out
 
 
 def main() -> None:
@@ -456,6 +487,7 @@ def main() -> None:
     parser.add_argument("--toy-rounds", type=int, default=12)
     parser.add_argument("--toy-lr", type=float, default=4.0)
     parser.add_argument("--skip-llm-learning", action="store_true")
+    parser.add_argument("--only-value", action="store_true", help="value panels only (no training)")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "credit")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "credit.json")
     args = parser.parse_args()
@@ -467,12 +499,13 @@ def main() -> None:
     suite, folder = setup(p, args.cache)
     setup_s = time.perf_counter() - t0
     result: dict = {"value_toy": toy_value_panel(args, p.credit)}
-    result["learning_toy"] = toy_learning_panel(args, p.credit)
+    if not args.only_value:
+        result["learning_toy"] = toy_learning_panel(args, p.credit)
     print(json.dumps({"toy_s": round(time.perf_counter() - t0)}), flush=True)
     model, tok = load_policy(folder)
     result["value_llm"] = llm_value_panel(model, tok, suite, p, args)
     print(json.dumps({"value_llm_s": round(result["value_llm"]["wall_s"])}), flush=True)
-    if not args.skip_llm_learning:
+    if not (args.skip_llm_learning or args.only_value):
         base = heldout(model, tok, suite, p, args)
         result["learning_llm"] = learning_panel(folder, suite, p, args, base)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
@@ -481,14 +514,13 @@ def main() -> None:
         "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": commit,
         "git_dirty": bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
                                          capture_output=True, text=True).stdout.strip()),
-        **(headline(result) if "learning_llm" in result else {}),
+        **headline(result),
         "setup_s": setup_s, "wall_s": time.perf_counter() - t0, "overrides": overrides,
         **copy.deepcopy(result),
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if "learning_llm" in result:
-        plot(result, args.out.with_suffix(".png"))
-        result["plot"] = os.path.relpath(args.out.with_suffix(".png"), ROOT)
+    plot(result, args.out.with_suffix(".png"))
+    result["plot"] = os.path.relpath(args.out.with_suffix(".png"), ROOT)
     args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, default=float))
 

@@ -13,7 +13,7 @@ import pytest
 
 from rollwise.config import CreditConfig, ParamsError, validate
 from rollwise.credit import ESTIMATORS
-from rollwise.credit.concal import calibrated_returns, concal
+from rollwise.credit.concal import calibrated_returns, concal, pool
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report
 from rollwise.credit.gigpo import gigpo
 from rollwise.credit.grpo import grpo
@@ -210,19 +210,49 @@ def test_gigpo_all_equal_cluster_is_exactly_zero():
 
 def test_concal_pools_the_shared_transition():
     turns = turn_table(G_EPISODES, G_STEPS)
-    # depth 1: Q = 1, 0 (e0, e1 share (start, X, s1): n 2, w = min(0.75, 1/2) = 0.5, pool 0.5)
-    # -> C = 0.75, 0.25; e2 alone keeps C = 1. Depth 0: Q = 0.5 C.
+    # depth 1: Q = 1, 0 (e0, e1 share (start, X, s1): n 2, w = min(0.75, 1/2) = 0.5 of the other
+    # visit) -> C = 0.5, 0.5; e2 alone keeps C = 1. Depth 0: Q = 0.5 C.
     q = calibrated_returns(turns, gamma=0.5, cap=0.75)
-    assert q.tolist() == pytest.approx([0.375, 1.0, 0.125, 0.0, 0.5, 1.0])
-    capped = calibrated_returns(turns, gamma=0.5, cap=0.25)  # w = 0.25: C = 0.875, 0.125
-    assert capped.tolist() == pytest.approx([0.4375, 1.0, 0.0625, 0.0, 0.5, 1.0])
+    assert q.tolist() == pytest.approx([0.25, 1.0, 0.25, 0.0, 0.5, 1.0])
+    capped = calibrated_returns(turns, gamma=0.5, cap=0.25)  # w = 0.25: C = 0.75, 0.25
+    assert capped.tolist() == pytest.approx([0.375, 1.0, 0.125, 0.0, 0.5, 1.0])
     adv = by_turn(concal(G_EPISODES, G_STEPS, gigpo_cfg()))
-    # start cluster (0.375, 0.125, 0.5) - 1/3; plus A^E (1/3, -2/3, 1/3)
-    assert adv[("e0", 0)] == pytest.approx(1 / 3 + 0.375 - 1 / 3)
-    assert adv[("e1", 0)] == pytest.approx(-2 / 3 + 0.125 - 1 / 3)
+    # start cluster (0.25, 0.25, 0.5) - 1/3; plus A^E (1/3, -2/3, 1/3)
+    assert adv[("e0", 0)] == pytest.approx(1 / 3 + 0.25 - 1 / 3)
+    assert adv[("e1", 0)] == pytest.approx(-2 / 3 + 0.25 - 1 / 3)
     assert adv[("e1", 1)] == pytest.approx(-7 / 6)  # last turns are exact: same as GiGPO
     raw = by_turn(gigpo(G_EPISODES, G_STEPS, gigpo_cfg()))
     assert adv[("e0", 0)] - adv[("e1", 0)] < raw[("e0", 0)] - raw[("e1", 0)]  # noise shrunk
+
+
+def test_concal_pool_shares_the_other_visits_under_the_cap():
+    own = pd.Series([1.0, 0.0, 0.0], index=["k"] * 3)  # n 3: w = 2/3, the plain key mean
+    assert pool(own, 0.75).tolist() == pytest.approx([1 / 3] * 3)
+    five = pd.Series([1.0, 0.0, 0.0, 0.0, 0.0, 7.0], index=["k"] * 5 + ["lone"])
+    # n 5: w = min(0.75, 0.8); own keeps 0.25 (plain mean would keep 0.2); a lone key keeps its own
+    assert pool(five, 0.75).tolist() == pytest.approx([0.25] + [0.75 * 0.25] * 4 + [7.0])
+
+
+def test_concal_tracks_exact_q_differences_better_than_gigpo():
+    # The bench's toy chain (4-6 dependent calls, G 8): within-anchor advantage differences
+    # against exact Q differences. The old pool (own value inside the pooled mean) gave 0.94.
+    chain = ToyChain(toy_bench_policy(), max_turns=8)
+    ratios = []
+    for seed in (1, 2, 3):
+        episodes, steps = chain.sample([(f"t{i}", 4 + i % 3) for i in range(12)], 8, seed)
+        turns = turn_table(episodes, steps)
+        q = chain.exact_q(turns, episodes)
+        errors = [value_report(turns, fn(episodes, steps, cfg())["advantage"].to_numpy(), q)
+                  ["value_error"] for fn in (concal, gigpo)]  # fmt: skip
+        ratios.append(errors[0] / errors[1])
+    assert max(ratios) < 0.93 and np.mean(ratios) < 0.92
+
+
+def toy_bench_policy() -> np.ndarray:
+    """bench/credit.py toy_start: P(call, wrong, answer) by (calls left, last was an error)."""
+    p = np.zeros((7, 2, 3))
+    p[1:, 0], p[1:, 1], p[0] = [0.6, 0.25, 0.15], [0.5, 0.3, 0.2], [0.0, 0.4, 0.6]
+    return p
 
 
 def test_concal_without_shared_transitions_is_gigpo():

@@ -1,9 +1,9 @@
 """ConCal: GiGPO with calibrated step values. Each turn visit is keyed by its incoming transition
 (task group, depth, previous state, previous action, current state); walking backward, a visit's
-value Q_k = r_k + gamma C_{k+1} pools into C_k = (1 - w) Q_k + w mean_key(Q), w = min(cap,
-1 - 1/n_key); the calibrated Q replace GiGPO's raw returns in the anchor clusters. Departs from
-the seed in: the key includes the depth (finite horizon: the same state has another value with
-fewer turns left), and the pooled share is the capped empirical one (no learned weighting)."""
+value Q_k = r_k + gamma C_{k+1} pools with the other visits of its key: C_k = (1 - w) Q_k +
+w mean_others(Q), w = min(cap, 1 - 1/n_key) (uncapped: the plain key mean); the calibrated Q
+replace GiGPO's raw returns in the anchor clusters (A^E stays GRPO's). Departs from the seed in:
+the key includes the depth (finite horizon), and the pooled share is the capped empirical one."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ def transition_keys(turns: pd.DataFrame) -> pd.Series:
     return pd.Series(["\x1f".join(map(str, p)) for p in zip(*parts, strict=True)], turns.index)
 
 
+def pool(own: pd.Series, cap: float) -> np.ndarray:
+    """(1 - w) own + w mean of the key's other visits, w = min(cap, 1 - 1/n); a lone visit keeps
+    its own value. The others' mean excludes the visit, so the cap bounds their real share."""
+    by = own.groupby(level=0)
+    n = by.transform("size").to_numpy(float)  # [n_d]
+    total = by.transform("sum").to_numpy(float)  # [n_d]
+    others = (total - own.to_numpy()) / np.maximum(n - 1.0, 1.0)  # [n_d]
+    w = np.minimum(cap, 1.0 - 1.0 / n)  # [n_d] 0 when n == 1
+    return (1.0 - w) * own.to_numpy() + w * others  # [n_d]
+
+
 def calibrated_returns(turns: pd.DataFrame, gamma: float, cap: float) -> np.ndarray:
     """Q_k per turn from the calibrated continuation values, deepest turns first."""
     keys = transition_keys(turns)
@@ -34,11 +45,7 @@ def calibrated_returns(turns: pd.DataFrame, gamma: float, cap: float) -> np.ndar
         for i in at:
             j = row_of.get((turns["episode_id"].iat[i], step[i] + 1))
             q[i] = turns["reward"].iat[i] + (gamma * calibrated[j] if j is not None else 0.0)
-        own = pd.Series(q[at], index=keys.iloc[at].to_numpy())
-        pooled = own.groupby(level=0).transform("mean").to_numpy()  # [n_d]
-        n = own.groupby(level=0).transform("size").to_numpy(float)  # [n_d]
-        w = np.minimum(cap, 1.0 - 1.0 / n)  # [n_d]
-        calibrated[at] = (1.0 - w) * q[at] + w * pooled
+        calibrated[at] = pool(pd.Series(q[at], index=keys.iloc[at].to_numpy()), cap)  # [n_d]
     return q
 
 
