@@ -183,4 +183,5 @@ def test_a_users_multi_turn_environment_runs_turn_by_turn(tmp_path: Path, monkey
         (_, replied), (asked, _) = ep["turn_spans"][1], ep["turn_spans"][2]
         said = encode(tok, user_text([{"role": "user", "content": spec.task.target["then"]}]))
         assert ep["token_ids"][replied:asked] == said  # the second user turn, tokenized once
+        assert tok.unk_token_id not in said  # its words are in the built vocabulary
         assert not any(ep["loss_mask"][replied:asked])
