@@ -95,9 +95,10 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     negative = adv["advantage"] < 0
     adv.loc[negative, "advantage"] *= args.negative_scale
     items = training_batch(episodes, adv)
+    done = getattr(args, "steps_done", 0)  # optimizer steps so far: train.warmup_steps spans rounds
     stats = train_round(model, items, p.train, opt, tok.pad_token_id,
-                        temperature=cfg.temperature, steps_before=args.steps_done)  # fmt: skip
-    args.steps_done += int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
+                        temperature=cfg.temperature, steps_before=done)  # fmt: skip
+    args.steps_done = done + int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
     zero_var = (episodes.groupby("group")["reward"].std(ddof=0) < 1e-9).mean()
     return {"round": r, "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1,
             "sample_success": float(episodes["success"].mean()),
@@ -133,7 +134,6 @@ def main() -> None:
     curve: list[dict] = []
     evaluate(0)
     opt, rounds = make_optimizer(model, p.train), []
-    args.steps_done = 0  # optimizer steps so far: the lr warmup (train.warmup_steps) spans rounds
     for r in range(1, p.n_rounds + 1):
         rounds.append(rl_round(r, model, tok, suite, p, opt, args))
         print(json.dumps(rounds[-1]), flush=True)

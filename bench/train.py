@@ -98,8 +98,8 @@ def heldout_adamw_vs_muon(rounds: int, cache: Path) -> dict:
     before = heldout(start, tok, suite, p)
     out: dict = {"config": HELDOUT_CONFIG, "rl_rounds": rounds, "heldout_tasks": before["n"],
                  "warm_start_success": before["success"]}  # fmt: skip
-    probe_args = SimpleNamespace(reward="rubric", negative_scale=1.0)
     for name in ("adamw", "muon"):
+        probe_args = SimpleNamespace(reward="rubric", negative_scale=1.0)  # its own step count
         model = copy.deepcopy(start)
         q = p.model_copy(update={"train": p.train.model_copy(update={"optimizer": name})})
         torch.manual_seed(0)

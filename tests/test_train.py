@@ -663,6 +663,8 @@ def test_lr_warmup_is_linear_over_the_runs_first_steps(model_and_pad):
     cfg = TrainConfig(lr=1e-3, warmup_steps=100, epochs=1, minibatches=2)
     train_round(model, synthetic_items([8, 8, 8, 8]), cfg, opt, pad, steps_before=10)
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 12 / 100)  # step 11 of the run
+    train_round(model, synthetic_items([8, 8, 8, 8]), cfg, opt, pad)  # run's steps unknown
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)  # no warmup
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "gemma2"])  # the head on policy tokens / on all

@@ -137,15 +137,15 @@ def train_round(
     temperature: float = 1.0,
     start: int = 0,
     on_step: Callable[[int, list[dict]], None] | None = None,
-    steps_before: int = 0,
+    steps_before: int | None = None,
 ) -> dict:
     """The optimizer steps of step_plan from `start` on (a round resumed after a crash), calling
     on_step(steps done, items) after each so the caller can checkpoint; `steps_before` (optimizer
-    steps of earlier rounds) places them on the lr warmup (optim.apply_lrs). Log-probs use the
-    rollout's sampling temperature, so the rollout's log-probs are PPO's old policy exactly (as
-    verl does). With cfg.tis_cap set, the old policy is recomputed by the trainer before the first
-    step (items gain "old"; a resumed round must pass them back) and each token's loss is weighted
-    by min(pi_old / pi_rollout, tis_cap)."""
+    steps of earlier rounds) places them on the lr warmup (optim.apply_lrs; None: no warmup).
+    Log-probs use the rollout's sampling temperature, so the rollout's log-probs are PPO's old
+    policy exactly (as verl does). With cfg.tis_cap set, the old policy is recomputed by the
+    trainer before the first step (items gain "old"; a resumed round must pass them back) and
+    each token's loss is weighted by min(pi_old / pi_rollout, tis_cap)."""
     if not items:
         return {"skipped": 1.0, "episodes": 0.0}
     model.train()
@@ -158,7 +158,7 @@ def train_round(
     plan = step_plan(len(items), cfg)
     for k in range(start, len(plan)):
         chunk = [items[i] for i in plan[k]]
-        apply_lrs(optimizer, cfg, steps_before + k)
+        apply_lrs(optimizer, cfg, None if steps_before is None else steps_before + k)
         s = optimizer_step(model, chunk, cfg, optimizer, pad_id, ref_model, temperature)
         if s is None:
             skipped, in_a_row = skipped + 1, in_a_row + 1
