@@ -14,7 +14,6 @@ Standalone, over your own folders only (params.yaml's `evaluate` section and sui
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -26,7 +25,6 @@ import pandas as pd
 
 from rollwise import track
 from rollwise.config import EvaluateConfig, Params, ParamsError, load_params
-from rollwise.envs.runtime import load_suite
 from tasks.common import (
     CorruptArtifact,
     MissingUpstream,
@@ -37,7 +35,8 @@ from tasks.common import (
     log,
     metrics_path,
     model_dir,
-    read_table,
+    read_json,
+    read_suite,
     report_progress,
     require,
     stage_main,
@@ -104,18 +103,6 @@ def load_candidate(c: Candidate):
         ) from e
 
 
-def read_suite(root: Path):
-    """The generated suite. If it fails to load, each of its parquet files is re-read so the
-    error names the damaged one (read_table); any other failure is raised as it is."""
-    folder = require(envs_dir(root), "generate")
-    try:
-        return load_suite(folder)
-    except Exception:
-        for path in sorted(folder.rglob("*.parquet")):
-            read_table(path, "generate")
-        raise
-
-
 def run(params: Params, root: Path) -> dict:
     """The DVC stage: every round's checkpoint plus params' candidates -> data/eval/."""
     candidates = pipeline_candidates(params, root)
@@ -146,7 +133,7 @@ def evaluate_candidates(
 
     cfg = params.evaluate
     check_candidates(candidates)  # before any cell runs
-    suite = read_suite(root)
+    suite = read_suite(envs_dir(root))
     tasks = evaluation_tasks(suite, cfg.split, cfg.max_tasks)
     limits = Limits(
         max_turns=cfg.max_turns,
@@ -263,10 +250,7 @@ def rollout_spend(root: Path, rounds: list[str]) -> pd.DataFrame | None:
         path = metrics_path(root, f"rollout@{r}")
         if not path.exists():
             return None
-        try:
-            m = json.loads(path.read_text())
-        except ValueError as e:
-            raise corrupt(path, f"rollout@{r}", e) from e
+        m = read_json(path, f"rollout@{r}")
         prev = rows[-1]
         rows.append(
             {

@@ -13,7 +13,7 @@ import yaml
 
 from rollwise.config import ParamsError, load_params
 from tasks import evaluate
-from tasks.common import CorruptArtifact, MissingUpstream
+from tasks.common import CorruptArtifact, MissingUpstream, envs_dir, read_suite
 from tests.helpers import TINY_POLICY, scripted_policy
 
 EVAL = {"split": "train", "max_tasks": 20, "max_turns": 4, "max_new_tokens": 48}
@@ -150,11 +150,11 @@ def test_a_damaged_round_checkpoint_names_folder_and_stage(project, tmp_path):
 def test_a_truncated_suite_parquet_is_named(project, tmp_path):
     root = tmp_path / "proj"
     shutil.copytree(project["root"] / "data", root / "data")
-    assert evaluate.read_suite(root).split("train")
+    assert read_suite(envs_dir(root)).split("train")
     tasks = sorted((root / "data" / "envs").glob("*/tasks.parquet"))[0]
     tasks.write_bytes(tasks.read_bytes()[: tasks.stat().st_size // 2])
     with pytest.raises(CorruptArtifact, match=f"{tasks} is unreadable.*`generate` stage"):
-        evaluate.read_suite(root)
+        read_suite(envs_dir(root))
 
 
 def test_a_corrupt_rollout_metrics_file_is_named(tmp_path):
