@@ -1,8 +1,11 @@
 """The Prefect flows `rollwise-pipeline` (everything) and `rollwise-evaluate` (evaluation alone).
 
 generate -> warmstart -> (rollout@r -> curate@r -> credit@r -> train@r for each round r) ->
-evaluate: every stage of dvc.yaml, in DAG order, in one process, so a model stays loaded across
-stages. Each stage is one Prefect task run (named like DVC's stage: `rollout@01`).
+evaluate: every stage of dvc.yaml, in one process, so a model stays loaded across stages. Each
+stage is one Prefect task run (named like DVC's stage: `rollout@01`) that starts when its
+upstream stages in dvc.yaml's graph are done. With `rollout.policy_lag: 0` that graph is one
+chain; with 1, rollout@r+1 samples with round r-1's checkpoint, so it and curate@r+1 run while
+credit@r and train@r do (two threads; `dvc repro` runs the same graph one stage at a time).
 
 How a flow run relates to DVC and the workspace (design.md §2, Orchestration; flows/workspace.py):
 - Overrides are checked against the params schema before any stage runs; a bad key fails the
@@ -49,6 +52,7 @@ from flows.workspace import (
     WorkspaceError,
     commit_run,
     create_worktree,
+    inside,
 )
 from rollwise import track
 from rollwise.config import Params, ParamsError, apply_overrides, read_raw, validate
@@ -160,12 +164,40 @@ def label(stage, r: str | None) -> str:
 
 
 def run_stages(params: Params, stages: DvcStages) -> dict[str, dict]:
-    """The DAG of dvc.yaml, in order; returns each stage's metrics by stage name."""
-    order, results = stage_order(params), {}
-    for stage, r in order:
-        results[label(stage, r)] = stage(params, stages) if r is None else stage(params, stages, r)
-        flow_progress(len(results), len(order))
-    return results
+    """The DAG of dvc.yaml; returns each stage's metrics by stage name, in DAG order.
+
+    A stage is submitted (a Prefect task run on the flow's thread pool) once its upstream stages
+    in DVC's own graph are done, so stages run at once exactly where their data allows: the
+    off-policy lag of rollout.policy_lag is in the data dependencies, nothing here knows of it.
+    The process stays in the worktree throughout (DvcStages: one working directory for every
+    thread). After a failure nothing new starts; the running stages finish, then it raises."""
+    from prefect.futures import as_completed
+
+    order = {label(stage, r): (stage, r) for stage, r in stage_order(params)}
+    upstream = {name: deps & order.keys() for name, deps in stages.upstream().items()}
+    waiting, running, results = list(order), {}, {}
+    failure: BaseException | None = None
+    with inside(stages.root):
+        while running or (waiting and failure is None):
+            unfinished = set(waiting) | running.keys()
+            ready = [n for n in waiting if not upstream.get(n, set()) & unfinished]
+            for name in ready if failure is None else []:
+                stage, r = order[name]
+                args = (params, stages) if r is None else (params, stages, r)
+                running[name] = stage.submit(*args)
+                waiting.remove(name)
+            future = next(as_completed(list(running.values())))
+            name = next(n for n, f in running.items() if f is future)
+            del running[name]
+            try:
+                results[name] = future.result()
+            except BaseException as e:  # noqa: BLE001 - raised once the running ones finish
+                failure = failure or e
+                continue
+            flow_progress(len(results), len(order))
+    if failure is not None:
+        raise failure
+    return {name: results[name] for name in order}
 
 
 # ---------------------------------------------------------------------------- progress in the UI

@@ -22,6 +22,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -138,7 +139,12 @@ class DvcStages:
 
     For each stage: up to date in dvc.lock -> nothing to do; else the run-cache (shared with
     every other run through the DVC cache) restores it; else `compute()` runs it here and the
-    result is committed to dvc.lock, the cache and the run-cache."""
+    result is committed to dvc.lock, the cache and the run-cache.
+
+    Stages may be run from several threads at once (the flow overlaps independent stages): every
+    DVC call, and the working-directory change it needs, holds `lock`; `compute()` runs outside
+    it. Callers that run stages at once keep the process in the worktree meanwhile (`inside`), so
+    no thread's chdir can undo another's."""
 
     UP_TO_DATE, RESTORED, RAN = "up-to-date", "restored", "ran"
 
@@ -151,6 +157,7 @@ class DvcStages:
             print(f"dvc.lock in {root} was cut short by a crash: kept {len(kept)} stage records")
         self.root = root
         self.repo = Repo(str(root))
+        self.lock = threading.RLock()
 
     def close(self) -> None:
         self.repo.close()
@@ -164,14 +171,20 @@ class DvcStages:
             raise WorkspaceError(f"dvc.yaml in {self.root} has no stage {name!r}") from e
 
     def is_up_to_date(self, name: str) -> bool:
-        with inside(self.root), self.repo.lock:
+        with self.lock, inside(self.root), self.repo.lock:
             return not self.stage(name).changed()
+
+    def upstream(self) -> dict[str, set[str]]:
+        """Each stage's direct upstream stages in dvc.yaml's graph (whose outputs it reads)."""
+        with self.lock, inside(self.root):
+            graph = self.repo.index.graph
+            return {s.addressing: {d.addressing for d in graph.successors(s)} for s in graph}
 
     def restore(self, name: str) -> bool:
         """Check out the stage's outputs from the run-cache; False when never computed."""
         from dvc.stage.cache import RunCacheNotFoundError
 
-        with inside(self.root):
+        with self.lock, inside(self.root):
             stage = self.stage(name)
             try:
                 with self.repo.lock:
@@ -187,7 +200,8 @@ class DvcStages:
             return self.UP_TO_DATE
         if self.restore(name):
             return self.RESTORED
-        with inside(self.root):
+        with inside(self.root):  # not locked: concurrent callers are already in the worktree
             compute()
+        with self.lock, inside(self.root):
             self.repo.commit(name, force=True)
         return self.RAN

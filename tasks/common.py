@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,39 +124,57 @@ def write_json(path: Path, obj) -> None:
 # model; the files' stamps decide whether the slot still matches the folder on disk (a restore
 # from DVC's cache or any other rewrite misses and reloads). Under `dvc repro` every stage is a
 # fresh process and this is simply a load.
+# Stages may run in threads at once (the flow overlaps rollout@r+1 with train@r under
+# rollout.policy_lag 1, both on round r-1's checkpoint): the slot is guarded by a lock, and a
+# model that went to a reader is never handed to a concurrent trainer: it gets its own copy.
 _LOADED: dict[str, object] = {}
+_LOADED_LOCK = threading.Lock()
 
 
 def _stamp(folder: Path) -> tuple:
     return tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(folder.iterdir()))
 
 
-def load_checkpoint(folder: Path, stage: str, take: bool = False):
+def load_checkpoint(folder: Path, stage: str, take: bool = False, concurrent: bool = False):
     """(model, tokenizer) of a checkpoint folder that `stage` writes. `take=True` is for a
     caller that will change the model (training): the slot is emptied so nobody else reads the
-    changed weights under the old folder's name."""
+    changed weights under the old folder's name. `concurrent=True` (the flow overlaps stages,
+    rollout.policy_lag 1): a model some reader was given, maybe still sampling with it in
+    another thread, is copied for the trainer, never trained in place. Without it no copy: a
+    real model's second copy could be the GPU memory the trainer needs."""
     from rollwise.policy.build import load_policy
 
     require(folder, stage)
     key = str(folder.resolve())
-    if _LOADED.get("key") == key and _LOADED.get("stamp") == _stamp(folder):
-        model, tokenizer = _LOADED["model"], _LOADED["tokenizer"]
-    else:
-        try:
-            model, tokenizer = load_policy(folder)
-        except Exception as e:  # safetensors/json/tokenizer errors of a damaged checkpoint
-            raise corrupt(folder, stage, e) from e
-    if take:
-        _LOADED.clear()
-    else:
-        _LOADED.update(key=key, stamp=_stamp(folder), model=model, tokenizer=tokenizer)
+    with _LOADED_LOCK:
+        hit = _LOADED.get("key") == key and _LOADED.get("stamp") == _stamp(folder)
+        found = (_LOADED["model"], _LOADED["tokenizer"], _LOADED["lent"]) if hit else None
+        if take:
+            _LOADED.clear()
+        elif hit:
+            _LOADED["lent"] = True
+    if found is not None:
+        model, tokenizer, lent = found
+        return (copy.deepcopy(model) if take and lent and concurrent else model), tokenizer
+    try:
+        model, tokenizer = load_policy(folder)  # outside the lock: a load takes a while
+    except Exception as e:  # safetensors/json/tokenizer errors of a damaged checkpoint
+        raise corrupt(folder, stage, e) from e
+    if not take:
+        with _LOADED_LOCK:
+            _LOADED.clear()
+            _LOADED.update(key=key, stamp=_stamp(folder), model=model, tokenizer=tokenizer,
+                           lent=True)  # fmt: skip
     return model, tokenizer
 
 
 def keep_checkpoint(folder: Path, model, tokenizer) -> None:
-    """Remember the model just saved to `folder` (after its atomic rename)."""
-    _LOADED.update(key=str(folder.resolve()), stamp=_stamp(folder), model=model,
-                   tokenizer=tokenizer)  # fmt: skip
+    """Remember the model just saved to `folder` (after its atomic rename); its trainer is done
+    with it, so nobody holds it yet (not lent)."""
+    with _LOADED_LOCK:
+        _LOADED.clear()
+        _LOADED.update(key=str(folder.resolve()), stamp=_stamp(folder), model=model,
+                       tokenizer=tokenizer, lent=False)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- progress

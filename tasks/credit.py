@@ -70,9 +70,10 @@ def round_steps(root: Path, r: str) -> pd.DataFrame:
 
 
 def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, dict[int, float]]:
-    """Round r-1's tracker and drift, plus the KL of train@r-1, the update that made the policy
-    that sampled round r (none for round 01: its policy is the warm start)."""
-    prev = params.rounds[r]
+    """Round r-1's tracker and drift, plus the KL of train@r-1, the update that made policy
+    version r-1 (none for round 01: its start is the warm start). Drift is kept per version, so
+    episodes sampled with an older version (rollout.policy_lag) find theirs."""
+    prev = params.rounds[r].start
     stage = f"credit@{prev}" if prev in params.rounds else "warmstart"
     path = require(round_dir(root, "advantages", prev) / STATE_FILE, stage)
     tracker, drift = from_json(json.loads(path.read_text()))
@@ -80,7 +81,7 @@ def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, di
         return tracker, drift
     train = json.loads(require(metrics_path(root, f"train@{prev}"), f"train@{prev}").read_text())
     kl = float(train.get("approx_kl", 0.0))
-    return tracker, next_drift(drift, int(prev), int(params.rounds[prev]), kl)
+    return tracker, next_drift(drift, int(prev), int(params.rounds[prev].start), kl)
 
 
 def run(params: Params, root: Path, r: str) -> dict:

@@ -71,7 +71,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     episodes = read_table(rollouts / "episodes.parquet", f"rollout@{r}")
     steps = read_table(rollouts / "steps.parquet", f"rollout@{r}")
     suite = load_suite(require(envs_dir(root), "generate"))
-    prev = params.rounds[r]
+    prev = params.rounds[r].start
     previous = require(round_dir(root, "curated", prev), "warmstart" if prev == "00" else
                        f"curate@{prev}")  # fmt: skip
     tables, metrics = curate_round(episodes, steps, suite, previous, int(r), params.curate)

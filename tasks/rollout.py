@@ -1,12 +1,15 @@
-"""Stage `rollout@NN`: schedule tasks, sample G episodes each with policy round NN-1.
+"""Stage `rollout@NN`: schedule tasks, sample G episodes each with policy round NN-1 (with
+`rollout.policy_lag: 1`, round max(NN-2, 0): the round's `policy` in params' `rounds`, so that
+the flow can run this stage while train@NN-1 trains; train@NN corrects the lag by TIS).
 
-Reads the scheduler state of round NN-1 (data/rollouts/round_{NN-1}/scheduler_state.json: what
-earlier rounds observed; round 00's, empty, comes with the warm start). Writes
-data/rollouts/round_NN/: plan.parquet (what was scheduled and why, what ran and was kept),
-episodes.parquet and steps.parquet (the kept groups: the training batch), scheduler_state.json
-(the history with this round's groups appended, every group run, kept or burned), and
-audit.parquet: one row per episode run, with the faults injected into it (engine.audit_row;
-ground truth for tests and benches, which the curator never reads).
+Reads the scheduler state of round NN-1, the round's `start` (data/rollouts/round_{NN-1}/
+scheduler_state.json: what earlier rounds observed; round 00's, empty, comes with the warm
+start). Writes data/rollouts/round_NN/: plan.parquet (what was scheduled and why, what ran
+and was kept, policy_round: the checkpoint sampled with), episodes.parquet and steps.parquet
+(the kept groups: the training batch), scheduler_state.json (the history with this round's
+groups appended, every group run, kept or burned), and audit.parquet: one row per episode
+run, with the faults injected into it (engine.audit_row; ground truth for tests and benches,
+which the curator never reads).
 A damaged upstream file (suite, scheduler state, quarantine, checkpoint) fails naming it."""
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ def run(params: Params, root: Path, r: str) -> dict:
     from rollwise.rollout.engine import AUDIT_COLUMNS, EpisodeSpec, Limits, audit_row, clone_env
     from rollwise.rollout.executors import EXECUTORS
 
-    prev = params.rounds[r]
+    prev, policy = params.rounds[r].start, params.rounds[r].policy
     suite_dir = require(envs_dir(root), "generate")
     suite = read_suite(suite_dir)
-    policy_dir = require(model_dir(root, prev), stage_of_model(prev))
+    policy_dir = require(model_dir(root, policy), stage_of_model(policy))
     cfg, seed = params.rollout, params.schedule.seed * 1000 + int(r)
     state = require(
         round_dir(root, "rollouts", prev) / "scheduler_state.json", stage_of_state(prev)
@@ -73,7 +76,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     )
     log(
         f"rollout@{r}",
-        f"{method}: {budget.tasks} tasks x {cfg.samples_per_task} samples, policy round {prev}, "
+        f"{method}: {budget.tasks} tasks x {cfg.samples_per_task} samples, policy round {policy}, "
         f"executor {cfg.executor}, backend {cfg.backend}",
     )
     steps: list[dict] = []
@@ -99,14 +102,14 @@ def run(params: Params, root: Path, r: str) -> dict:
             suite_dir,
             limits,
             cfg,
-            load=lambda: load_checkpoint(policy_dir, stage_of_model(prev)),  # local: loaded model
+            load=lambda: load_checkpoint(policy_dir, stage_of_model(policy)),  # local: in memory
         )
         steps.extend(batch_steps)
         audit.extend(audit_row(e) for e in episodes)
         return pd.DataFrame(episodes)
 
     executed, ran = execute_plan(plan, run_batch, budget.tasks)
-    ran = ran.assign(round=int(r), policy_version=int(prev))
+    ran = ran.assign(round=int(r), policy_version=int(policy))
     ran["cost"] = episode_costs(ran, cfg.cost)
     # The training batch is the kept groups; every rollout run (burned ones too) is spent,
     # costed and observed by the scheduler.
@@ -115,7 +118,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     steps_table = steps_table[steps_table["episode_id"].isin(episodes["episode_id"])]
     history = extend(history, observe(ran, int(r)))
     with atomic_dir(round_dir(root, "rollouts", r)) as out:
-        executed.assign(round=int(r)).to_parquet(out / "plan.parquet")
+        executed.assign(round=int(r), policy_round=int(policy)).to_parquet(out / "plan.parquet")
         episodes.reset_index(drop=True).to_parquet(out / "episodes.parquet")
         steps_table.reset_index(drop=True).to_parquet(out / "steps.parquet")
         pd.DataFrame(audit, columns=AUDIT_COLUMNS).to_parquet(out / AUDIT_FILE)
@@ -127,6 +130,8 @@ def run(params: Params, root: Path, r: str) -> dict:
         "schedule_s": schedule_s,
         "demonstrated_tasks": len(demos),
         "demonstrations_skipped_context": len(too_long),
+        "policy_round": int(policy),  # the checkpoint sampled with
+        "policy_lag": int(prev) - int(policy),  # versions behind the one train@r updates
     }
 
 

@@ -1,5 +1,9 @@
 """Stage `train@NN`: one PPO-clip update of policy NN-1 -> models/round_NN/ (+ trainer state).
 
+The batch may have been sampled with an older checkpoint (`rollout.policy_lag: 1`: round NN-2,
+while train@NN-1 was training): PPO's old policy is then recomputed by NN-1 and truncated
+importance sampling (train.tis_cap, required) weights each token by min(pi_NN-1 / pi_rollout, C).
+
 With train.world_size > 1 the stage relaunches itself under torchrun (`torch.distributed.run`):
 each rank trains on its share of every minibatch, rank 0 writes the checkpoint and the metrics.
 """
@@ -52,16 +56,21 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     from rollwise.train.prepare import export, prepare
     from rollwise.train.trainer import load_state, save_state, train_round, training_batch, world
 
-    cfg, prev = params.train, params.rounds[r]
+    cfg, prev = params.train, params.rounds[r].start
     seed = cfg.seed * 1000 + int(r)
     # Every RNG the trainer state saves is seeded, so a rerun writes byte-identical outputs (and
     # every DDP rank draws the same LoRA initialization).
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
-    model, tokenizer = load_checkpoint(model_dir(root, prev), stage_of_model(prev), take=True)
+    concurrent = params.rollout.policy_lag > 0  # rollout@r+1 may be sampling with `prev` now
+    model, tokenizer = load_checkpoint(
+        model_dir(root, prev), stage_of_model(prev), take=True, concurrent=concurrent
+    )
     advantages = read_table(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
-    items = training_batch(kept_episodes(root, r), advantages)
+    episodes = kept_episodes(root, r)
+    lag = policy_lag(episodes, prev, cfg.tis_cap)
+    items = training_batch(episodes, advantages)
     model = prepare(model, cfg, device)
     optimizer = make_optimizer(model, cfg)
     # LoRA: round r's adapters are new (r-1's are merged into its weights): no moments to resume
@@ -75,6 +84,7 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
         temperature=params.rollout.temperature, steps_before=step,
     )  # fmt: skip
     rank, metrics["world_size"] = world()
+    metrics["policy_lag"] = lag
     if rank != 0:
         return metrics
     model = export(model)
@@ -84,6 +94,24 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     keep_checkpoint(model_dir(root, r), model, tokenizer)
     log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
     return metrics
+
+
+def policy_lag(episodes, start: str, tis_cap: float | None) -> int:
+    """Versions between the checkpoint being trained and the oldest that sampled the round's
+    own episodes (banked replays keep their versions and are not counted). A lag without
+    train.tis_cap would train on off-policy samples uncorrected: refused."""
+    from rollwise.curate.success_bank import REPLAY_PREFIX
+
+    own = episodes[~episodes["episode_id"].str.startswith(REPLAY_PREFIX)]
+    if own.empty or "policy_version" not in own:
+        return 0
+    lag = int(start) - int(own["policy_version"].min())
+    if lag > 0 and tis_cap is None:
+        raise ValueError(
+            f"the rollout sampled with a checkpoint {lag} version(s) older than round {start} "
+            "(rollout.policy_lag): set train.tis_cap (e.g. 2.0) to correct it"
+        )
+    return lag
 
 
 def launch(params: Params, root: Path, r: str) -> dict:

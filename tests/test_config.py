@@ -56,16 +56,63 @@ def test_every_error_is_reported():
 
 @pytest.mark.parametrize(
     "rounds",
-    [{"01": "00", "03": "02"}, {"01": "01"}, {"1": "0"}, {"02": "01"}, {"01": "00", "02": "00"}],
+    [
+        {"01": "00", "02": "01"},  # the old format: one checkpoint per round
+        {"01": {"start": "00", "policy": "00"}, "03": {"start": "02", "policy": "02"}},
+        {"01": {"start": "01", "policy": "01"}},
+        {"1": {"start": "0", "policy": "0"}},
+        {"02": {"start": "01", "policy": "01"}},
+        {"01": {"start": "00", "policy": "00"}, "02": {"start": "00", "policy": "00"}},
+        {"01": {"start": "00", "policy": "00"}, "02": {"start": "01", "policy": "00"}},  # lag 0
+        {"01": {"start": "00"}},
+    ],
 )
 def test_bad_rounds_mapping(rounds):
     msg = error_of({"rounds": rounds})
     assert msg.startswith("params.yaml: rounds:") and "rounds must be" in msg
+    assert f"`rounds={len(rounds)}`" in msg  # says what to pass
 
 
 def test_good_rounds_mapping():
-    assert validate({"rounds": rounds_dict(3)}).n_rounds == 3
-    assert rounds_dict(2) == {"01": "00", "02": "01"}
+    params = validate({"rounds": rounds_dict(3)})
+    assert params.n_rounds == 3 and params.rounds["03"].start == params.rounds["03"].policy == "02"
+    assert rounds_dict(2) == {
+        "01": {"start": "00", "policy": "00"},
+        "02": {"start": "01", "policy": "01"},
+    }
+
+
+LAGGED = {"rollout": {"policy_lag": 1}, "train": {"tis_cap": 2.0}}
+
+
+def test_lagged_rounds_sample_with_the_checkpoint_before_the_start():
+    assert rounds_dict(3, lag=1) == {
+        "01": {"start": "00", "policy": "00"},  # nothing older than the warm start
+        "02": {"start": "01", "policy": "00"},
+        "03": {"start": "02", "policy": "01"},
+    }
+    params = validate({**LAGGED, "rounds": rounds_dict(3, lag=1)})
+    assert [(x.start, x.policy) for x in params.rounds.values()] == [
+        ("00", "00"), ("01", "00"), ("02", "01"),
+    ]  # fmt: skip
+
+
+def test_rounds_must_match_the_policy_lag():
+    msg = error_of({**LAGGED, "rounds": rounds_dict(3)})
+    assert "rounds:" in msg and "rollout.policy_lag 1" in msg and "`rounds=3`" in msg
+    assert '"03": {start: "02", policy: "01"}' in msg  # what to write, in params.yaml's words
+    msg = error_of({"rounds": rounds_dict(2, lag=1)})
+    assert "rollout.policy_lag 0" in msg
+
+
+def test_policy_lag_needs_tis():
+    msg = error_of({"rollout": {"policy_lag": 1}, "rounds": rounds_dict(2, lag=1)})
+    assert "rollout.policy_lag: 1 needs train.tis_cap" in msg
+    assert msg.startswith("params.yaml: rollout.policy_lag")  # no empty key path
+
+
+def test_policy_lag_is_zero_or_one():
+    assert "rollout.policy_lag" in error_of({"rollout": {"policy_lag": 2}, "train": {"tis_cap": 2}})
 
 
 def test_repo_params_validate():
@@ -133,7 +180,7 @@ def test_bad_override_value_names_its_path(raw):
 
 def test_rounds_override_expands(raw, tmp_path: Path):
     out = apply_overrides(raw, {"rounds": 3})
-    assert out["rounds"] == {"01": "00", "02": "01", "03": "02"}
+    assert out["rounds"] == rounds_dict(3)
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert load_params(path, {"rounds": 3}).n_rounds == 3
@@ -173,3 +220,29 @@ def test_stage_names_the_missing_upstream(tmp_path: Path):
     assert done.returncode != 0
     assert "data/envs" in done.stderr and "`generate`" in done.stderr
     assert not (tmp_path / "models").exists()
+
+
+def test_policy_lag_override_rebuilds_the_rounds(raw):
+    n = len(raw["rounds"])
+    out = apply_overrides(raw, {"rollout.policy_lag": 1, "train.tis_cap": 2.0})
+    assert out["rounds"] == rounds_dict(n, lag=1)  # the round count kept
+    back = apply_overrides(out, {"rollout.policy_lag": 0})
+    assert back["rounds"] == rounds_dict(n)
+
+
+@pytest.mark.parametrize("order", [("rounds", "lag"), ("lag", "rounds")])
+def test_rounds_count_and_policy_lag_together(raw, order):
+    given = {"rounds": 2, "lag": 1}
+    keys = {"rounds": "rounds", "lag": "rollout.policy_lag"}
+    overrides = {keys[k]: given[k] for k in order} | {"train.tis_cap": 2.0}
+    assert apply_overrides(raw, overrides)["rounds"] == rounds_dict(2, lag=1)
+
+
+def test_rounds_count_keeps_the_file_policy_lag(raw):
+    lagged = apply_overrides(raw, {"rollout.policy_lag": 1, "train.tis_cap": 2.0})
+    assert apply_overrides(lagged, {"rounds": 5})["rounds"] == rounds_dict(5, lag=1)
+
+
+def test_policy_lag_override_without_tis_names_both_keys(raw):
+    with pytest.raises(ParamsError, match=r"rollout\.policy_lag: 1 needs train\.tis_cap"):
+        apply_overrides(raw, {"rollout.policy_lag": 1})

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollwise.config import CreditConfig, ParamsError, validate
+from rollwise.config import CreditConfig, ParamsError, rounds_dict, validate
 from rollwise.credit import ESTIMATORS
 from rollwise.credit.concal import calibrated_returns, concal, pool
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report
@@ -466,7 +466,7 @@ def test_stage_carries_the_tracker_across_rounds(tmp_path: Path):
     from tasks.warmstart import initial_credit_state
 
     params = validate({"credit": {"method": "spo_pp", "spo": SPO_CFG},
-                       "rounds": {"01": "00", "02": "01"}})  # fmt: skip
+                       "rounds": rounds_dict(2)})  # fmt: skip
     chain = ToyChain(toy_policy(), max_turns=6)
     for r, version in (("01", 0), ("02", 1)):
         episodes, steps = chain.sample([("t0", 3), ("t1", 4)], 4, seed=version, version=version)
@@ -519,7 +519,7 @@ def stage_advantages(tmp_path: Path, params) -> tuple[dict[str, float], dict]:
 
 def test_stage_scales_advantages_by_the_decision_weight(tmp_path: Path):
     curated_round(tmp_path)
-    params = validate({"rounds": {"01": "00"}})
+    params = validate({"rounds": rounds_dict(1)})
     full, _ = stage_advantages(tmp_path, params)
     decisions_path = tmp_path / "data/curated/round_01/decisions.parquet"
     decisions = pd.read_parquet(decisions_path)
@@ -539,7 +539,7 @@ def test_stage_replays_positives_into_credit_and_the_training_batch(tmp_path: Pa
     from tasks import credit
 
     curated_round(tmp_path)
-    params = validate({"rounds": {"01": "00"}})
+    params = validate({"rounds": rounds_dict(1)})
     _, state_without = stage_advantages(tmp_path, params)
     turn = [{"name": "get", "arguments": {"id": 1}, "observation": "{}", "step": 0,
              "fingerprint_before": "s0", "fingerprint_after": "s1", "observation_kind": "ok",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rollwise.config import CurateConfig, FaultsConfig
+from rollwise.config import CurateConfig, FaultsConfig, rounds_dict
 from rollwise.curate import success_bank
 from rollwise.curate.attribution import attribute, neighbour_confidence, neighbour_stats
 from rollwise.curate.filters import decide, quarantine, weighted_advantages
@@ -423,7 +423,7 @@ def test_curate_stage_writes_and_carries_the_bank(faulty, mixed, tmp_path: Path)
         ep.to_parquet(rollouts / "episodes.parquet")
         steps.assign(episode_id=steps["episode_id"].str.replace("r01", f"r{r}")).to_parquet(
             rollouts / "steps.parquet")  # fmt: skip
-        metrics = curate.run(Params(rounds={"01": "00", "02": "01"}), tmp_path, r)
+        metrics = curate.run(Params(rounds=rounds_dict(2)), tmp_path, r)
     curated = tmp_path / "data" / "curated"
     decisions = pd.read_parquet(curated / "round_02" / "decisions.parquet")
     assert set(decisions["episode_id"]) == set(ep["episode_id"])
@@ -493,7 +493,7 @@ def test_bank_published_to_s3_comes_back_equal(faulty, mixed, tmp_path: Path, s3
     bucket = f"rw-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     write_rollouts(tmp_path, faulty[0], *mixed)
-    params = Params(rounds={"01": "00"}, curate=CurateConfig(bank_url=f"s3://{bucket}/banks/"))
+    params = Params(rounds=rounds_dict(1), curate=CurateConfig(bank_url=f"s3://{bucket}/banks/"))
     curate.run(params, tmp_path, "01")
     local = tmp_path / "data" / "curated" / "round_01" / "success_bank.parquet"
     out = tmp_path / "fetched"
@@ -528,7 +528,7 @@ def test_rollout_opens_banked_tasks_with_their_demonstration(tmp_path: Path):
     initial_schedule_state(tmp_path)
     shutil.rmtree(tmp_path / "data" / "rollouts" / "round_01")
     params = validate({
-        "rounds": {"01": "00"}, "schedule": {"tasks_per_round": 100},
+        "rounds": rounds_dict(1), "schedule": {"tasks_per_round": 100},
         "rollout": {"samples_per_task": 1, "max_turns": 1, "max_new_tokens": 4},
         "curate": {"demonstrations": True}})  # fmt: skip
     metrics = rollout.run(params, tmp_path, "01")

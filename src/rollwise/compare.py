@@ -116,7 +116,8 @@ def per_round(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
 def summarize(client: MlflowClient, run: Run) -> RunSummary:
     """Params, final success, spend totals and the success-vs-rollouts curve of one run."""
     params = {k: v for k, v in run.data.params.items() if not k.startswith("rounds.")}
-    n_rounds = sum(k.startswith("rounds.") for k in run.data.params)
+    # rounds.01.start, rounds.01.policy (older runs: rounds.01): one round each
+    n_rounds = len({k.split(".")[1] for k in run.data.params if k.startswith("rounds.")})
     if n_rounds:
         params["rounds"] = str(n_rounds)
     metrics, run_id = run.data.metrics, run.info.run_id

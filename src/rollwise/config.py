@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class Section(BaseModel):
@@ -175,6 +183,10 @@ class RolloutConfig(Section):
     backend: Literal["hf", "vllm"] = "hf"  # policy/backends.py: same contract either way
     vllm_url: str | None = None  # a server already on this round's checkpoint; null: start one
     cost: CostConfig = CostConfig()
+    # 0: rollout@r samples with round r-1's checkpoint (synchronous). 1: with round max(r-2, 0),
+    # so rollout@r+1 runs while train@r trains (the Prefect flow overlaps them); train.tis_cap
+    # corrects the one-version lag. The lag lives in `rounds` (rounds_dict), hence in dvc.yaml.
+    policy_lag: Literal[0, 1] = 0
 
 
 class CurateConfig(Section):
@@ -313,6 +325,13 @@ class EvaluateConfig(Section):
         return v
 
 
+class RoundLink(Section):
+    """One round's two checkpoints (Params.rounds)."""
+
+    start: str  # the round whose checkpoint train@r updates (always r-1)
+    policy: str  # the round whose checkpoint rollout@r samples with (r-1, or r-2 with a lag)
+
+
 class Params(Section):
     envs: EnvsConfig = EnvsConfig()
     policy: PolicyConfig = PolicyConfig()
@@ -323,15 +342,38 @@ class Params(Section):
     credit: CreditConfig = CreditConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
-    rounds: dict[str, str] = {"01": "00"}  # round -> the round whose checkpoint it starts from
+    # round -> {start: the round train@r updates and whose states the chain continues from,
+    # policy: the round whose checkpoint rollout@r samples with}; rounds_dict writes it
+    rounds: dict[str, RoundLink] = Field(
+        default_factory=lambda: rounds_dict(1), validate_default=True
+    )
 
-    @field_validator("rounds")
+    @field_validator("rounds", mode="before")
     @classmethod
-    def consecutive(cls, v: dict[str, str]) -> dict[str, str]:
-        want = rounds_dict(len(v))
-        if v != want:
-            raise ValueError(f"rounds must be {want} for {len(v)} rounds (got {v})")
+    def consecutive(cls, v: Any, info: ValidationInfo) -> Any:
+        rollout = info.data.get("rollout")
+        if rollout is None:  # rollout itself failed validation: that error is reported
+            return v
+        lag, n = rollout.policy_lag, len(v) if isinstance(v, dict) else 1
+        got = v
+        if isinstance(v, dict):
+            got = {k: x.model_dump() if isinstance(x, RoundLink) else x for k, x in v.items()}
+        if got != rounds_dict(n, lag):
+            raise ValueError(
+                f"rounds must be {rounds_yaml(n, lag)} for {n} round(s) with rollout.policy_lag "
+                f"{lag} (got {v}); write that in params.yaml, or pass the override `rounds={n}`"
+            )
         return v
+
+    @model_validator(mode="after")
+    def lag_needs_tis(self) -> Params:
+        """Off-policy samples without a correction would train on a biased gradient."""
+        if self.rollout.policy_lag and self.train.tis_cap is None:
+            raise ValueError(
+                "rollout.policy_lag: 1 needs train.tis_cap (e.g. 2.0): rollouts sampled with "
+                "an older checkpoint are corrected by truncated importance sampling"
+            )
+        return self
 
     @property
     def n_rounds(self) -> int:
@@ -342,17 +384,36 @@ class ParamsError(ValueError):
     """A params file or override that cannot be used; the message names the key path."""
 
 
-def rounds_dict(n: int) -> dict[str, str]:
-    """The `rounds` mapping for n rounds (what dvc.yaml's foreach iterates)."""
-    return {f"{r:02d}": f"{r - 1:02d}" for r in range(1, n + 1)}
+def rounds_dict(n: int, lag: int = 0) -> dict[str, dict[str, str]]:
+    """The `rounds` mapping for n rounds (what dvc.yaml's foreach iterates; its templating has no
+    arithmetic, so each round carries both checkpoints it reads): train@r starts from r-1,
+    rollout@r samples with max(r-1-lag, 0)."""
+    return {
+        f"{r:02d}": {"start": f"{r - 1:02d}", "policy": f"{max(r - 1 - lag, 0):02d}"}
+        for r in range(1, n + 1)
+    }
+
+
+def rounds_yaml(n: int, lag: int = 0) -> str:
+    """rounds_dict as one line of params.yaml (what an error tells the user to write)."""
+    links = (f'"{r}": {{start: "{x["start"]}", policy: "{x["policy"]}"}}'
+             for r, x in rounds_dict(n, lag).items())  # fmt: skip
+    return "{" + ", ".join(links) + "}"
 
 
 def validate(raw: dict[str, Any], source: str = "params.yaml") -> Params:
     try:
         return Params.model_validate(raw or {})
     except ValidationError as e:
-        lines = [f"{source}: {'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+        lines = [f"{source}: {where(err)}" for err in e.errors()]
         raise ParamsError("\n".join(lines)) from None
+
+
+def where(err: dict) -> str:
+    """`key.path: message`; a check across sections (no path) names its keys in its message."""
+    if not err["loc"]:
+        return err["msg"].removeprefix("Value error, ")
+    return f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
 
 
 def read_raw(path: Path) -> dict[str, Any]:
@@ -375,11 +436,10 @@ def load_params(
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Set dotted keys (`train.lr`); the key path must exist. `rounds` also takes a count."""
+    """Set dotted keys (`train.lr`); the key path must exist. `rounds` also takes a count, and
+    the rounds mapping is rebuilt for it or for an overridden `rollout.policy_lag`."""
     out = copy.deepcopy(raw)
     for dotted, value in overrides.items():
-        if dotted == "rounds" and isinstance(value, int):
-            value = rounds_dict(value)
         *parents, leaf = dotted.split(".")
         node, model = out, Params  # walk nested sections too (`envs.faults.flaky_p`)
         for key in parents:
@@ -390,5 +450,11 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
         if leaf not in model.model_fields:
             raise ParamsError(f"override {dotted}: unknown key {leaf!r}")
         node[leaf] = value
+    count = overrides.get("rounds")
+    if isinstance(count, int) or "rollout.policy_lag" in overrides:
+        lag = (out.get("rollout") or {}).get("policy_lag", 0)
+        n = count if isinstance(count, int) else len(out.get("rounds") or {"01": None})
+        if lag in (0, 1) and not isinstance(count, bool):  # else validation names the key
+            out["rounds"] = rounds_dict(n, lag)
     validate(out, "overrides")
     return out

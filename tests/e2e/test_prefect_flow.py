@@ -308,3 +308,68 @@ def test_bad_override_fails_the_run_at_once(prefect_server: str, monkeypatch):
     assert recorded["type"] == "FAILED"
     assert "train.lrr" in recorded["message"]
     assert "ParamsError" in logs  # the traceback is in the run's logs, as the UI shows them
+
+
+def settled_task_runs(api: httpx.Client, run_id: str, n: int, timeout_s: float = 30.0) -> dict:
+    """name -> task run, once all n have reported their end (states arrive as events)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = {t["name"]: t for t in task_runs_of(api, run_id)}
+        if len(runs) == n and all(t["end_time"] for t in runs.values()):
+            return runs
+        if time.monotonic() > deadline:
+            pytest.fail(f"task runs not settled: {sorted(runs)}")
+        time.sleep(0.5)
+
+
+def test_lagged_rollout_overlaps_training(
+    project: Path, prefect_server: str, mlflow_server: str, monkeypatch
+):
+    """rollout.policy_lag 1 through the flow: rollout@02 samples with round 00 while train@01
+    trains (its Prefect task run overlaps train@01's), and the run is recorded as `dvc repro`
+    would record it (nothing left to do). The micro stages take well under a second, so the two
+    computations meet at a barrier first: a flow that ran them one after the other would break
+    it (timeout) instead of leaving the overlap to luck."""
+    import threading
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.pipeline as pipeline_module
+
+    meet = threading.Barrier(2, timeout=60)
+    timed_stage = pipeline_module.timed_stage
+
+    def meeting(stage: str, run, params, root: Path, r: str | None = None) -> dict:
+        if f"{stage}@{r}" in ("rollout@02", "train@01"):
+            meet.wait()
+        return timed_stage(stage, run, params, root, r)
+
+    monkeypatch.setattr(pipeline_module, "timed_stage", meeting)
+    monkeypatch.setattr(pipeline_module, "ROOT", project)
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    rounds = list(yaml.safe_load(MICRO.read_text())["rounds"])
+    lag = {"rollout.policy_lag": 1, "train.tis_cap": 2.0}
+    t0 = time.monotonic()
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        state = pipeline_module.pipeline(overrides=lag, run_name="e2e-lag", return_state=True)
+    print(f"\nlagged micro flow run: {time.monotonic() - t0:.1f} s")
+    assert state.is_completed(), state.message
+    with httpx.Client(base_url=prefect_server, timeout=10) as api:
+        runs = settled_task_runs(api, str(state.state_details.flow_run_id), 4 * len(rounds) + 3)
+
+    def interval(name: str) -> tuple[str, str]:
+        return runs[name]["start_time"], runs[name]["end_time"]  # ISO 8601 UTC: sortable
+
+    rollout, train = interval("rollout@02"), interval("train@01")
+    assert rollout[0] < train[1] and train[0] < rollout[1], (rollout, train)  # they overlap
+    assert interval("curate@01")[1] <= rollout[0]  # and data dependencies still hold
+    assert interval("train@01")[1] <= interval("train@02")[0]
+    work = project / ".rollwise" / "runs" / "e2e-lag"
+    sampled = yaml.safe_load((work / "data" / "metrics" / "rollout@02.json").read_text())
+    assert sampled["policy_round"] == 0 and sampled["policy_lag"] == 1
+    trained = yaml.safe_load((work / "data" / "metrics" / "train@02.json").read_text())
+    assert trained["policy_lag"] == 1  # its batch came from round 00; it updates round 01
+    dvc = str(Path(sys.executable).parent / "dvc")
+    status = subprocess.run([dvc, "status"], cwd=work, capture_output=True, text=True)
+    assert "up to date" in status.stdout, status.stdout + status.stderr
