@@ -167,7 +167,16 @@ def test_override_of_a_missing_section_value(tmp_path: Path):
     assert apply_overrides({}, {"train.lr": 0.5})["train"] == {"lr": 0.5}
 
 
-@pytest.mark.parametrize("key", ["train.lrr", "trian.lr", "nosuch"])
+def test_override_inside_a_null_optional_section(raw):
+    assert raw["train"]["lora"] is None  # params.yaml: full fine-tune
+    out = apply_overrides(raw, {"train.lora.rank": 4})
+    lora = validate(out).train.lora
+    assert lora is not None and lora.rank == 4 and lora.alpha == 16.0  # the rest: defaults
+    with pytest.raises(ParamsError, match=r"train\.lora\.rnk"):
+        apply_overrides(raw, {"train.lora.rnk": 4})
+
+
+@pytest.mark.parametrize("key", ["train.lrr", "trian.lr", "nosuch", "train.lr.x"])
 def test_unknown_override_names_it(raw, key: str):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
         apply_overrides(raw, {key: 1})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -435,6 +435,14 @@ def load_params(
     return validate(raw, str(path))
 
 
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section model behind a field's annotation, also an optional one (`LoraConfig | None`)."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Set dotted keys (`train.lr`); the key path must exist. `rounds` also takes a count, and
     the rounds mapping is rebuilt for it or for an overridden `rollout.policy_lag`."""
@@ -443,10 +451,12 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
         *parents, leaf = dotted.split(".")
         node, model = out, Params  # walk nested sections too (`envs.faults.flaky_p`)
         for key in parents:
-            sub = getattr(model.model_fields.get(key), "annotation", None)
-            if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            sub = section_type(getattr(model.model_fields.get(key), "annotation", None))
+            if sub is None:
                 raise ParamsError(f"override {dotted}: unknown section {key!r}")
-            node, model = node.setdefault(key, {}), sub
+            if node.get(key) is None:  # a null optional section (`train.lora`): set it up
+                node[key] = {}
+            node, model = node[key], sub
         if leaf not in model.model_fields:
             raise ParamsError(f"override {dotted}: unknown key {leaf!r}")
         node[leaf] = value
