@@ -3,8 +3,10 @@ side in one bench run, each in a fresh process and a fresh git+DVC copy of the p
 - `inprocess`: a plain loop calling every stage's `run` in DAG order (no Prefect, no DVC);
 - `flow`: the `rollwise-pipeline` Prefect flow against a real Prefect server on 127.0.0.1
   (worktree, DVC status/commit per stage, task runs, logs to the server).
-Then `dvc repro` in the flow's worktree, which must run nothing. Writes
-bench/results/orchestration.json: flow_vs_inprocess_ratio (target <= 1.10), noop_repro_s
+Then `dvc repro` in the flow's worktree, which must run nothing. A third arm, `flow_lag1`, runs
+the flow with `rollout.policy_lag=1` (asynchronous single rollout: rollout@r+1 overlaps
+train@r, TIS-corrected): what the overlap saves on these cores, `async_vs_sync_flow_ratio`.
+Writes bench/results/orchestration.json: flow_vs_inprocess_ratio (target <= 1.10), noop_repro_s
 (target <= 3 s), the walls behind them, command and git_commit. Both sides log to an MLflow
 sqlite store and use one torch thread (the Prefect server shares the cores).
 
@@ -41,6 +43,7 @@ CONFIG = {
     "evaluate.max_tasks": 60,
     "rounds": 3,
 }
+ASYNC = ["rollout.policy_lag=1", "train.tis_cap=2.0"]
 
 INPROCESS = """
 import sys, time
@@ -127,8 +130,16 @@ def main() -> None:
             dvc = str(Path(sys.executable).parent / "dvc")
             noop = timed([dvc, "repro"], worktree, work / f"noop_{i}.log")
             ran = "Running stage" in (work / f"noop_{i}.log").read_text()
+            lagged = project_copy(work / f"lag_{i}")
+            flow_lag = timed([sys.executable, "-m", "flows.pipeline", *ASYNC, "--run-name",
+                              "bench-lag"], lagged, work / f"lag_{i}.log")  # fmt: skip
+            metrics = lagged / ".rollwise" / "runs" / "bench-lag" / "data" / "metrics"
+            trained = [json.loads((metrics / f"train@{r:02d}.json").read_text())
+                       for r in range(2, CONFIG["rounds"] + 1)]  # fmt: skip
+            keys = ("policy_lag", "tis_weight", "tis_capped", "approx_kl")
             rows.append({"inprocess_s": inproc, "flow_s": flow, "noop_repro_s": noop,
-                         "noop_repro_ran_a_stage": ran})  # fmt: skip
+                         "noop_repro_ran_a_stage": ran, "flow_lag1_s": flow_lag,
+                         "lag1_train": [{k: t.get(k) for k in keys} for t in trained]})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     finally:
         servers.stop(prefect)
@@ -141,13 +152,16 @@ def main() -> None:
         "config": CONFIG,
         "flow_vs_inprocess_ratio": ratio,
         "noop_repro_s": statistics.median(r["noop_repro_s"] for r in rows),
+        "async_vs_sync_flow_ratio": statistics.median(r["flow_lag1_s"] / r["flow_s"] for r in rows),
+        "async_overrides": ASYNC,
         "targets": {"flow_vs_inprocess_ratio": 1.10, "noop_repro_s": 3.0},
         "prefect_server_start_s": prefect.started_s,
         "runs": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("flow_vs_inprocess_ratio", "noop_repro_s")}))
+    keys = ("flow_vs_inprocess_ratio", "noop_repro_s", "async_vs_sync_flow_ratio")
+    print(json.dumps({k: result[k] for k in keys}))
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -4,7 +4,11 @@ evaluating held-out success every `--eval-every` rounds. For tuning the RL loop 
 pipeline (`make run`) is the reference.
 
     .venv/bin/python bench/rl_probe.py train.lr=0.0001 rollout.temperature=0.7 rounds=8 \
-        [--reward rubric|success] [--negative-scale 1.0] [--out bench/results/rl_probe.json]
+        [--reward rubric|success|progress] [--negative-scale 1.0] [--out FILE.json]
+
+--reward progress: 0.5 x success + 0.5 x the share of the task's oracle calls the episode made
+(same tool, same arguments): partial credit for each correct dependent call, to see whether a
+denser reward gives RL a signal on the multi-call tasks it never solves.
 """
 
 from __future__ import annotations
@@ -71,6 +75,25 @@ def heldout(model, tok, suite, p, split: str = "heldout") -> dict:
     return summarize(evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits))
 
 
+def oracle_progress(episodes: pd.DataFrame, steps: pd.DataFrame, suite) -> pd.Series:
+    """Per episode: the share of its task's oracle calls it made (tool and arguments equal)."""
+
+    def key(tool: str, arguments) -> tuple[str, str]:
+        return tool, json.dumps(arguments, sort_keys=True)
+
+    made: dict[str, set] = {}
+    for row in steps.itertuples():
+        try:
+            made.setdefault(row.episode_id, set()).add(key(row.tool, json.loads(row.arguments)))
+        except (TypeError, ValueError):  # a malformed call made no progress
+            continue
+    shares = []
+    for ep in episodes.itertuples():
+        want = {key(c.name, c.arguments) for c in suite.tasks[ep.task_id].oracle}
+        shares.append(len(want & made.get(ep.episode_id, set())) / max(len(want), 1))
+    return pd.Series(shares, index=episodes.index)
+
+
 def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     cfg = p.rollout
     # No history and one batch: static schedulers only (bench/envsched.py runs them all properly).
@@ -89,8 +112,13 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     episodes, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
     episodes = pd.DataFrame(episodes)
     t1 = time.perf_counter()
-    scored = episodes.assign(reward=episodes["success"].astype(float))
-    scored = scored if args.reward == "success" else episodes
+    success = episodes["success"].astype(float)
+    rewards = {
+        "rubric": episodes["reward"],
+        "success": success,
+        "progress": 0.5 * success + 0.5 * oracle_progress(episodes, pd.DataFrame(steps), suite),
+    }
+    scored = episodes.assign(reward=rewards[args.reward])
     adv = ESTIMATORS[p.credit.method](scored, pd.DataFrame(steps), p.credit)
     negative = adv["advantage"] < 0
     adv.loc[negative, "advantage"] *= args.negative_scale
@@ -103,13 +131,14 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     return {"round": r, "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1,
             "sample_success": float(episodes["success"].mean()),
             "reward": float(episodes["reward"].mean()), "zero_variance_groups": float(zero_var),
+            "trained_reward": float(scored["reward"].mean()),
             **{k: stats.get(k, 0.0) for k in ("approx_kl", "clip_frac", "entropy")}}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
-    parser.add_argument("--reward", choices=["rubric", "success"], default="rubric")
+    parser.add_argument("--reward", choices=["rubric", "success", "progress"], default="rubric")
     parser.add_argument("--negative-scale", type=float, default=1.0)
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
