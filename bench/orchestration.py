@@ -83,6 +83,12 @@ def project_copy(dest: Path) -> Path:
     return dest
 
 
+def stage_walls(metrics: Path) -> dict[str, float]:
+    """Each stage's own compute seconds, from its metrics: what an overlap can hide."""
+    return {f.stem: round(json.loads(f.read_text()).get("wall_s", 0.0), 2)
+            for f in sorted(metrics.glob("*.json"))}  # fmt: skip
+
+
 def timed(cmd: list[str], cwd: Path, log: Path) -> float:
     t0 = time.perf_counter()
     with log.open("w") as fh:
@@ -136,10 +142,14 @@ def main() -> None:
             metrics = lagged / ".rollwise" / "runs" / "bench-lag" / "data" / "metrics"
             trained = [json.loads((metrics / f"train@{r:02d}.json").read_text())
                        for r in range(2, CONFIG["rounds"] + 1)]  # fmt: skip
+            walls = {arm: stage_walls(folder / ".rollwise" / "runs" / run / "data" / "metrics")
+                     for arm, folder, run in (("flow", flowed, "bench"),
+                                              ("flow_lag1", lagged, "bench-lag"))}  # fmt: skip
             keys = ("policy_lag", "tis_weight", "tis_capped", "approx_kl")
             rows.append({"inprocess_s": inproc, "flow_s": flow, "noop_repro_s": noop,
                          "noop_repro_ran_a_stage": ran, "flow_lag1_s": flow_lag,
-                         "lag1_train": [{k: t.get(k) for k in keys} for t in trained]})  # fmt: skip
+                         "lag1_train": [{k: t.get(k) for k in keys} for t in trained],
+                         "stage_walls_s": walls})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     finally:
         servers.stop(prefect)
