@@ -4,7 +4,12 @@ train tasks than on held-out tasks of the same environments memorized its demons
 on train tasks cannot be expected to transfer. Reuses bench/rl_probe.py's cached suite and SFT
 checkpoint (run the probe with the same overrides first).
 
-    .venv/bin/python bench/generalization.py warmstart.steps=800 [--out FILE.json]
+    .venv/bin/python bench/generalization.py warmstart.steps=800 [--out FILE.json] \
+        [--samples 8 --temperature 0.7]
+
+With --samples K it also samples K episodes per task (at the rollout's temperature): per kind,
+the sampled success and pass@K, which bounds what RL's group sampling can find and amplify: a
+kind with pass@K near 0 gives GRPO no success to learn from.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import torch
 import yaml
 
@@ -25,7 +31,30 @@ from bench.rl_probe import warm_start  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import Limits  # noqa: E402
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+
+
+def sampled(model, tok, suite, tasks, p, k: int, temperature: float) -> pd.DataFrame:
+    """K sampled episodes per task, one row each, as a rollout round would draw them."""
+    specs = [
+        EpisodeSpec(f"s/{t.task_id}/{i}", t, clone_env(suite.envs[t.env_id]), group=t.task_id,
+                    sample=i, seed=i)
+        for t in tasks for i in range(k)
+    ]  # fmt: skip
+    limits = Limits(max_context=p.policy.max_context, temperature=temperature)
+    return pd.DataFrame(run_episodes(specs, HFBackend(model, tok), tok, limits)[0])
+
+
+def pass_at_k(episodes: pd.DataFrame, by: str | None = None) -> dict:
+    per_task = episodes.groupby(["task_id", *([by] if by else [])])["success"]
+    solved = per_task.max().astype(float)
+    if by is None:
+        return {"success": float(episodes["success"].mean()), "pass_at_k": float(solved.mean())}
+    return {
+        kind: {"success": round(float(rows["success"].mean()), 3),
+               "pass_at_k": round(float(solved.xs(kind, level=by).mean()), 3)}
+        for kind, rows in episodes.groupby(by)
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -33,6 +62,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/generalization.json")
+    parser.add_argument("--samples", type=int, default=0, help="K sampled episodes per task")
+    parser.add_argument("--temperature", type=float, default=None, help="default: the rollout's")
     args = parser.parse_args()
     torch.set_num_threads(1)
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
@@ -56,6 +87,14 @@ def main() -> None:
             },
             "by_kind": episodes.groupby("kind")["success"].mean().round(3).to_dict(),
         }
+        if args.samples:
+            temperature = args.temperature or p.rollout.temperature
+            drawn = sampled(model, tok, suite, tasks, p, args.samples, temperature)
+            drawn["kind"] = drawn["task_id"].map(catalog["kind"])
+            result[split]["sampled"] = {
+                "k": args.samples, "temperature": temperature, **pass_at_k(drawn),
+                "by_kind": pass_at_k(drawn, "kind"),
+            }  # fmt: skip
         print(split, json.dumps(result[split]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
