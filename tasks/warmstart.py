@@ -120,23 +120,7 @@ def suite_tokenizer(*suites: Suite):
         tools = [t.to_openai() for t in env.tools()]
         texts.append(scratch.apply_chat_template(msgs, tools=tools, tokenize=False))
         texts += [piece for turn in oracle_texts(task, env, scratch)[1] for piece in turn if piece]
-        texts += later_user_turns(task, env)
     return train_tokenizer(texts)
-
-
-def later_user_turns(task, env) -> list[str]:
-    """What the user says after the first turn (multi-turn environments, protocol.MultiTurn),
-    replayed along the oracle: its words must be tokens too, not [UNK]."""
-    if not hasattr(env, "oracle_turns"):
-        return []
-    env.reset(task, seed=0)
-    said = []
-    for i, calls in enumerate(env.oracle_turns(task)):
-        if i:
-            said += [m["content"] for m in env.next_turn("") or []]
-        for call in calls:
-            env.step(call)
-    return said
 
 
 # The wording of error observations (runtime.py, chat.py, engine.py): the policy must read them.

@@ -15,9 +15,9 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_mult
 from rollwise.envs.bfcl import BFCLEnv, Entry, expected_of, replay
 from rollwise.envs.generate import oracle_passes
 from rollwise.envs.protocol import Environment, MultiTurn, TaskSource
-from rollwise.policy.chat import MAX_CALLS_PER_TURN, action_text, encode
+from rollwise.policy.chat import MAX_CALLS_PER_TURN, action_text, encode, user_text
 from rollwise.policy.hf import Completion
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes, user_text
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
 
 
 def fresh_name() -> str:

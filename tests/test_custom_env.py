@@ -19,7 +19,8 @@ from rollwise.envs.generate import catalog_row
 from rollwise.envs.protocol import Environment, MultiTurn, TaskSource
 from rollwise.envs.rubric import WEIGHTS
 from rollwise.envs.runtime import load_suite
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes, user_text
+from rollwise.policy.chat import user_text
+from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
 from rollwise.types import Task
 from tests.helpers import TINY_POLICY, make_suite
 
@@ -155,6 +156,7 @@ class TwoTurnNotes(NotesEnv):
 
 def test_a_users_multi_turn_environment_runs_turn_by_turn(tmp_path: Path, monkeypatch):
     from rollwise.policy.chat import action_text, encode
+    from rollwise.train.sft import oracle_sequence
     from tasks.warmstart import suite_tokenizer
     from tests.test_engine import ScriptBackend
 
@@ -185,3 +187,7 @@ def test_a_users_multi_turn_environment_runs_turn_by_turn(tmp_path: Path, monkey
         assert ep["token_ids"][replied:asked] == said  # the second user turn, tokenized once
         assert tok.unk_token_id not in said  # its words are in the built vocabulary
         assert not any(ep["loss_mask"][replied:asked])
+        # The warm start's demo of the task is this very episode: every user turn, same tokens,
+        # same mask (SFT and RL see one format).
+        ids, mask = oracle_sequence(spec.task, clone_env(suite.envs["notes"]), tok)
+        assert ids == ep["token_ids"] and mask == ep["loss_mask"]

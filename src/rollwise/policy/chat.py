@@ -68,6 +68,18 @@ def observation_text(observations: list[Observation]) -> str:
     return f"\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
+def user_text(messages: list[dict]) -> str:
+    """User messages as the chat template renders them after an answer's <|im_end|>, ending on
+    the next assistant cue: the same ChatML framing as chat.observation_text."""
+    if not messages or any(
+        not isinstance(m, dict) or m.get("role") != "user" or not isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        raise ValueError(f"next_turn must return user messages or None, not {messages!r:.200}")
+    body = "".join(f"<|im_start|>user\n{m['content']}<|im_end|>\n" for m in messages)
+    return f"\n{body}<|im_start|>assistant\n"
+
+
 def action_text(calls: list[ToolCall] | None = None, answer: str | None = None) -> str:
     """An oracle assistant turn (for SFT), in the exact format the policy is to emit."""
     if calls:

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rollwise.envs.protocol import next_turn
-from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids
+from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids, user_text
 from rollwise.types import Observation, Task, ToolCall
 
 
@@ -285,18 +285,6 @@ def user_turn(e: Live, tokenizer, limits: Limits) -> None:
         e.end("answer")
     else:
         append(e, encode(tokenizer, text), limits)
-
-
-def user_text(messages: list[dict]) -> str:
-    """User messages as the chat template renders them after an answer's <|im_end|>, ending on
-    the next assistant cue: the same ChatML framing as chat.observation_text."""
-    if not messages or any(
-        not isinstance(m, dict) or m.get("role") != "user" or not isinstance(m.get("content"), str)
-        for m in messages
-    ):
-        raise ValueError(f"next_turn must return user messages or None, not {messages!r:.200}")
-    body = "".join(f"<|im_start|>user\n{m['content']}<|im_end|>\n" for m in messages)
-    return f"\n{body}<|im_start|>assistant\n"
 
 
 def append(e: Live, ids: list[int], limits: Limits) -> None:

@@ -9,18 +9,29 @@ from collections.abc import Callable
 
 import torch
 
-from rollwise.policy.chat import action_text, encode, observation_text, prompt_ids
+from rollwise.envs.protocol import next_turn
+from rollwise.policy.chat import action_text, encode, observation_text, prompt_ids, user_text
 from rollwise.types import Task
+
+MAX_USER_TURNS = 100  # a demo whose user never stops is an environment bug, not a demo
 
 
 def oracle_texts(task: Task, env, tokenizer) -> tuple[list[int], list[tuple[str, str | None]]]:
-    """Prompt ids and the (action text, observation text) turns of the oracle solution."""
+    """Prompt ids and the (action text, what follows it) turns of the oracle solution, in the
+    engine's order: each user turn's oracle calls with their observations, then a reply (the
+    task's answer); a multi-turn environment's next user turn follows that reply, and the last
+    reply ends the conversation. A single-turn environment: its calls, then the answer."""
     prompt = prompt_ids(tokenizer, env.reset(task, seed=0), env.tools())
-    turns = []
-    for call in task.oracle:
-        turns.append((action_text([call]), observation_text([env.step(call)])))
-    turns.append((action_text(answer=task.answer), None))
-    return prompt, turns
+    per_turn = env.oracle_turns(task) if hasattr(env, "oracle_turns") else [list(task.oracle)]
+    turns: list[tuple[str, str | None]] = []
+    for user_turn in range(MAX_USER_TURNS):
+        for call in per_turn[user_turn] if user_turn < len(per_turn) else []:
+            turns.append((action_text([call]), observation_text([env.step(call)])))
+        said = next_turn(env, task.answer)
+        turns.append((action_text(answer=task.answer), None if said is None else user_text(said)))
+        if said is None:
+            return prompt, turns
+    raise ValueError(f"{task.task_id}: the user still speaks after {MAX_USER_TURNS} turns")
 
 
 def oracle_sequence(task: Task, env, tokenizer) -> tuple[list[int], list[int]]:
