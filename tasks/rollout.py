@@ -138,17 +138,12 @@ def run(params: Params, root: Path, r: str) -> dict:
 def opening_demonstrations(params: Params, root: Path, prev: str, suite, plan, policy_dir: Path):
     """With `curate.demonstrations`, the best banked success (bank of round prev) of each planned
     task as demonstration messages, and the tasks whose demonstration would overflow the
-    context (skipped). Only the local executor keeps them: Ray workers rebuild environments."""
+    context (skipped). Ray workers get them with each spec row (executors.spec_row)."""
     from rollwise.curate.success_bank import demonstrations
     from rollwise.policy.build import load_tokenizer
 
     if not params.curate.demonstrations:
         return {}, []
-    if params.rollout.executor != "local":
-        raise ValueError(
-            "curate.demonstrations needs rollout.executor: local (Ray workers rebuild each "
-            "environment from the suite, without its demonstration)"
-        )
     bank_file = round_dir(root, "curated", prev) / "success_bank.parquet"
     bank = read_table(bank_file, stage_of_state(prev, "curate"))
     tasks = [suite.tasks[t] for t in plan["task_id"]]

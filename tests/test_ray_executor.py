@@ -13,7 +13,7 @@ import torch
 from rollwise.config import RolloutConfig
 from rollwise.policy.hf import HFBackend, RowSampler
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env
-from rollwise.rollout.executors import EXECUTORS, shards
+from rollwise.rollout.executors import EXECUTORS, RolloutWorker, shards, spec_row
 from tests.helpers import assert_same_episodes, scripted_policy
 
 LIMITS = Limits(max_turns=3, max_new_tokens=48, max_context=384, temperature=0.7, seed=7)
@@ -139,15 +139,41 @@ def test_the_library_imports_neither_ray_nor_prefect():
 # ---------------------------------------------------------------------------- Ray
 
 
+def demonstrated(specs: list[EpisodeSpec], suite) -> list[EpisodeSpec]:
+    """The first task's specs open with a demonstration (curate.demonstrations)."""
+    from rollwise.curate.success_bank import Demonstrated
+
+    first = specs[0].task
+    demo = [{"role": "user", "content": suite.tasks[first.task_id].prompt},
+            {"role": "assistant", "content": first.answer}]  # fmt: skip
+    return [dataclasses.replace(s, env=Demonstrated(s.env, demo)) if s.task is first else s
+            for s in specs]  # fmt: skip
+
+
+def test_a_worker_rebuilds_demonstrated_episodes_as_the_local_executor_runs_them(policy):
+    """Environments never travel to a Ray worker; the demonstration rides on the spec row."""
+    envs, ckpt, suite, tok, _ = policy
+    specs = demonstrated(plan(suite, n_tasks=3), suite)
+    local, local_steps = EXECUTORS["local"](specs, ckpt, envs, LIMITS, RolloutConfig())
+    remote, remote_steps = RolloutWorker(ckpt, envs).run([spec_row(s) for s in specs], LIMITS)
+    assert_same_episodes(local, remote)
+    assert local_steps == remote_steps
+    answer = tok.encode(specs[0].task.answer, add_special_tokens=False)
+    opened = [e["token_ids"][: e["prompt_len"]] for e in local]
+    has = [any(o[i : i + len(answer)] == answer for i in range(len(o))) for o in opened]
+    assert has[:2] == [True, True] and not any(has[2:])  # only the demonstrated task's prompts
+
+
 @pytest.mark.e2e
 def test_ray_executor_equals_local_episode_for_episode(policy):
     ray = pytest.importorskip("ray")
     envs, ckpt, suite, _, _ = policy
     cfg = RolloutConfig(executor="ray", workers=2, ray_address=None)
     limits = dataclasses.replace(LIMITS, batch_size=5)  # other batches than the shards'
-    local, local_steps = EXECUTORS["local"](plan(suite), ckpt, envs, limits, cfg)
+    specs = demonstrated(plan(suite), suite)  # demonstrations ride along to the workers
+    local, local_steps = EXECUTORS["local"](specs, ckpt, envs, limits, cfg)
     try:
-        remote, remote_steps = EXECUTORS["ray"](plan(suite), ckpt, envs, limits, cfg)
+        remote, remote_steps = EXECUTORS["ray"](specs, ckpt, envs, limits, cfg)
     finally:
         ray.shutdown()  # the executor shuts down the Ray it started; this is for a failure
     assert_same_episodes(local, remote)

@@ -39,13 +39,15 @@ def run_local(
 
 
 def spec_row(spec: EpisodeSpec) -> dict:
-    """What a worker needs to rebuild a spec from its own suite: environments never travel."""
+    """What a worker needs to rebuild a spec from its own suite: environments never travel, an
+    opening demonstration (curate.demonstrations) does, as plain messages."""
     return {
         "episode_id": spec.episode_id,
         "task_id": spec.task.task_id,
         "group": spec.group,
         "sample": spec.sample,
         "seed": spec.seed,
+        "demo": getattr(spec.env, "demo", None),
     }
 
 
@@ -74,10 +76,13 @@ class RolloutWorker:
         self.suite = load_suite(Path(suite_dir))
 
     def run(self, rows: list[dict], limits: Limits) -> Rows:
+        from rollwise.curate.success_bank import Demonstrated
+
         specs = []
         for r in rows:
             task = self.suite.tasks[r["task_id"]]
             env = clone_env(self.suite.envs[task.env_id])
+            env = Demonstrated(env, r["demo"]) if r.get("demo") else env
             specs.append(
                 EpisodeSpec(r["episode_id"], task, env, r["group"], r["sample"], r["seed"])
             )
