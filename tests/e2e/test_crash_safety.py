@@ -3,7 +3,8 @@ and the final outputs equal an uninterrupted run's (timing columns aside).
 
 The micro pipeline runs once uninterrupted (the reference). Then 20 trials, spread over every
 stage: `dvc repro -f -s <stage>` is started and its whole process group is SIGKILLed after a
-random delay around that stage's own wall time; the stage's output path must then be absent or
+random delay (every other trial counted from the moment DVC removed the stage's output, so the
+kill lands inside the stage); the stage's output path must then be absent or
 complete (equal to the reference), and `dvc repro -s <stage>` must rerun that stage alone to the
 reference outputs. A final plain `dvc repro` brings every stage back to the reference.
 """
@@ -83,9 +84,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     return root, env, {stage: fingerprint(out) for stage, out in outs_of(root).items()}, walls
 
 
-def kill_after(cmd: list[str], root: Path, env: dict, delay_s: float) -> None:
+def kill_after(
+    cmd: list[str], root: Path, env: dict, delay_s: float, aim_at: Path | None = None
+) -> None:
+    """SIGKILL the command's process group `delay_s` after its start, or, with `aim_at`, that
+    long after DVC removed that output (the stage is running then: its compute, or the python
+    start-up before it)."""
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while aim_at is not None and aim_at.exists() and proc.poll() is None:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     time.sleep(delay_s)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -101,11 +112,14 @@ def test_kill_9_mid_stage_then_rerun(reference):
     killed_mid_stage = lock_cut = 0
     for trial in range(TRIALS):
         stage = order[trial % len(order)]
-        # Start-up (dvc, imports) comes before the stage's own wall time; aim around the stage.
-        delay = rng.uniform(1.0, 5.0 + walls.get(stage, 1.0))
-        kill_after([dvc, "repro", "-f", "-s", stage], root, env, delay)
+        wall, aimed = walls.get(stage, 1.0), trial % 2 == 0
+        # Odd trials: anywhere (DVC's start-up, the stage, DVC's records after it). Even ones:
+        # inside the stage, since a run of a micro stage is mostly start-up.
+        delay = rng.uniform(0.0, wall) if aimed else rng.uniform(1.0, 5.0 + wall)
+        kill_after([dvc, "repro", "-f", "-s", stage], root, env, delay,
+                   aim_at=outs[stage] if aimed else None)  # fmt: skip
         if outs[stage].exists():  # complete or absent: never half-written
-            assert fingerprint(outs[stage]) == expected[stage], (trial, stage, delay)
+            assert fingerprint(outs[stage]) == expected[stage], (trial, stage, delay, aimed)
         else:
             killed_mid_stage += 1
         # DVC rewrites dvc.lock in place: a kill during that write cuts it (flows/lockfile.py).
