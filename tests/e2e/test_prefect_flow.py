@@ -373,3 +373,21 @@ def test_lagged_rollout_overlaps_training(
     dvc = str(Path(sys.executable).parent / "dvc")
     status = subprocess.run([dvc, "status"], cwd=work, capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout + status.stderr
+    # The overlap is in the running only: `dvc repro` of the same params, one stage at a time in
+    # a fresh project, writes the same outputs (clock columns aside).
+    from tests.e2e.test_crash_safety import fingerprint, outs_of
+
+    serial = project.parent / "serial"
+    for folder in ("src", "tasks", "flows"):
+        shutil.copytree(project / folder, serial / folder)
+    for name in ("dvc.yaml", ".gitignore"):
+        shutil.copy(project / name, serial / name)
+    shutil.copy(work / "params.yaml", serial / "params.yaml")  # the flow's, overrides applied
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, **GIT_ENV, "DVC_NO_ANALYTICS": "1", "OMP_NUM_THREADS": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{serial / 'mlflow.db'}", "PATH": path}  # fmt: skip
+    for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "repro"]):
+        done = subprocess.run(cmd, cwd=serial, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for stage, out in outs_of(serial).items():
+        assert fingerprint(out) == fingerprint(work / out.relative_to(serial)), stage
