@@ -26,7 +26,10 @@ def main(root: Path = Path(".")) -> int:
     if (kept := repair(root)) is not None:  # a crash cut dvc.lock short: keep the whole records
         print(f"dvc.lock was cut short by a crash: kept {len(kept)} stage records")
     run_id = track.open_run(root, params.model_dump(), run_name="dvc-repro")
-    env = {**os.environ, "MLFLOW_RUN_ID": run_id}
+    # dvc.yaml's stages run `python -m tasks...`: this environment's python, also when the
+    # caller never activated it (`make run` from a plain shell).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "MLFLOW_RUN_ID": run_id, "PATH": path}
     dvc = str(Path(sys.executable).parent / "dvc")
     t0 = time.perf_counter()
     code = subprocess.call([dvc, "repro"], cwd=root, env=env)

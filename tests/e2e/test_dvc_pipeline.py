@@ -78,7 +78,9 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str):
     for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
         done = run(cmd, root, env, 60)
         assert done.returncode == 0, done.stderr
-    first = run([sys.executable, "-m", "flows.run"], root, env, 900)
+    # As from a plain shell, the venv not activated: flows.run must give the stages its python.
+    plain = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if d and Path(d) != BIN)
+    first = run([sys.executable, "-m", "flows.run"], root, {**env, "PATH": plain}, 900)
     return root, env, first
 
 
