@@ -28,9 +28,10 @@ def main(root: Path = Path(".")) -> int:
     run_id = track.open_run(root, params.model_dump(), run_name="dvc-repro")
     # dvc.yaml's stages run `python -m tasks...`: this environment's python, also when the
     # caller never activated it (`make run` from a plain shell).
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    venv_bin = Path(sys.executable).parent
+    path = os.pathsep.join([str(venv_bin), os.environ.get("PATH", "")])
     env = {**os.environ, "MLFLOW_RUN_ID": run_id, "PATH": path}
-    dvc = str(Path(sys.executable).parent / "dvc")
+    dvc = str(venv_bin / "dvc")
     t0 = time.perf_counter()
     code = subprocess.call([dvc, "repro"], cwd=root, env=env)
     wall_s = time.perf_counter() - t0

@@ -463,7 +463,7 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
     count = overrides.get("rounds")
     if isinstance(count, int) or "rollout.policy_lag" in overrides:
         lag = (out.get("rollout") or {}).get("policy_lag", 0)
-        n = count if isinstance(count, int) else len(out.get("rounds") or {"01": None})
+        n = count if isinstance(count, int) else max(len(out.get("rounds") or {}), 1)
         if lag in (0, 1) and not isinstance(count, bool):  # else validation names the key
             out["rounds"] = rounds_dict(n, lag)
     validate(out, "overrides")

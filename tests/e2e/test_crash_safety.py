@@ -93,9 +93,7 @@ def kill_after(
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 120
-    while aim_at is not None and aim_at.exists() and proc.poll() is None:
-        if time.monotonic() > deadline:
-            break
+    while aim_at and aim_at.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(delay_s)
     if proc.poll() is None:
