@@ -54,6 +54,8 @@ def warm_start(p, cache: Path):
         ck.name
         + (f"_aug{w.augment_suites}" if w.augment_suites else "")
         + (f"_b{w.batch_size}" if w.batch_size != 32 else "")
+        + (f"_muon{w.muon_lr}" if w.optimizer == "muon" else "")
+        + (f"_wd{w.weight_decay}" if w.weight_decay else "")
     )
     if ck.exists():
         return suite, *load_policy(ck)
@@ -97,7 +99,8 @@ def oracle_progress(episodes: pd.DataFrame, steps: pd.DataFrame, suite) -> pd.Se
 def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     cfg = p.rollout
     # No history and one batch: static schedulers only (bench/envsched.py runs them all properly).
-    budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, r)
+    plan_seed = 0 if args.fixed_tasks else r  # --fixed-tasks: the same tasks every round
+    budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, plan_seed)
     plan = SCHEDULERS[p.schedule.method](
         suite.catalog, None, budget, getattr(p.schedule, p.schedule.method, None)
     )
@@ -144,12 +147,19 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")
+    parser.add_argument("--fixed-tasks", action="store_true", help="same tasks every round")
+    parser.add_argument("--warm", type=Path, default=None, help="start from this model folder")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads (1: two probes side by side)"
+    )
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
     suite, model, tok = warm_start(p, args.cache)
+    if args.warm:  # another warm start of the same suite (same tokenizer)
+        model, tok = load_policy(args.warm)
 
     def evaluate(r: int) -> None:
         curve.append({"round": r, **heldout(model, tok, suite, p)})

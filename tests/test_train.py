@@ -257,6 +257,25 @@ def test_sft_with_zero_steps_leaves_the_built_model(model_and_pad):
     assert all(torch.equal(v, before[k]) for k, v in snapshot(model).items())
 
 
+def test_sft_with_muon_steps_both_parts_and_fits_the_demo(model_and_pad):
+    """warmstart.optimizer muon: Muon moves the hidden matrices, AdamW the embeddings and
+    norms (both must step, or half the model never trains), and the loss falls."""
+    from rollwise.config import WarmstartConfig
+    from rollwise.train.sft import sft
+
+    model, pad = model_and_pad
+    before = snapshot(model)
+    demo = ([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1])
+    cfg = WarmstartConfig(steps=60, batch_size=1, optimizer="muon", muon_lr=0.05, lr=0.02)
+    losses = sft(model, [demo], cfg, pad)
+    after = snapshot(model)
+    assert losses[-1] < 0.5 * losses[0]
+    assert not torch.equal(
+        after["model.layers.0.mlp.up_proj.weight"], before["model.layers.0.mlp.up_proj.weight"]
+    )
+    assert not torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+
+
 # ------------------------------------------------------------------------------ aggregation
 
 # Token losses of two sequences; 9.0 sits on masked-out positions and must never count.

@@ -11,6 +11,7 @@ import torch
 
 from rollwise.envs.protocol import next_turn
 from rollwise.policy.chat import action_text, encode, observation_text, prompt_ids, user_text
+from rollwise.train.optim import make_optimizer
 from rollwise.types import Task
 
 MAX_USER_TURNS = 100  # a demo whose user never stops is an environment bug, not a demo
@@ -77,17 +78,20 @@ def sft(
     pad_id: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Masked next-token cross-entropy, AdamW with warmup and cosine decay; returns losses."""
+    """Masked next-token cross-entropy, AdamW (or Muon + AdamW) with warmup and cosine decay;
+    returns losses."""
     if cfg.steps == 0:  # steps: 0 is "no warm start": the built model as it is
         model.eval()
         return []
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = make_optimizer(model, cfg)  # cfg names its optimizer, lr, muon_lr, weight_decay
     warmup = max(1, cfg.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
-    )
+
+    def lr_scale(step: int) -> float:
+        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+
+    scheds = [torch.optim.lr_scheduler.LambdaLR(part, lr_scale) for part in opt.parts.values()]
     model.train()
     losses = []
     for step in range(cfg.steps):
@@ -97,7 +101,8 @@ def sft(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
+        for sched in scheds:
+            sched.step()
         losses.append(loss.item())
         if on_step:
             on_step(step, loss.item())
