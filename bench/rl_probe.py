@@ -14,7 +14,9 @@ denser reward gives RL a signal on the multi-call tasks it never solves.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,11 +45,15 @@ from rollwise.train.trainer import make_optimizer, train_round, training_batch  
 from tasks.warmstart import augment_suites, suite_tokenizer  # noqa: E402
 
 
-def warm_start(p, cache: Path):
+def warm_start(p, cache: Path, given: Path | None = None):
+    """(suite, model, tokenizer): the SFT warm start of `p` (cached), or the `given` model
+    folder (--warm: another warm start of the same suite, e.g. a pipeline's models/round_00)."""
     suite_dir = cache / f"suite_{p.envs.seed}_{p.envs.n_envs}_{p.envs.tasks_per_env}"
     if not suite_dir.exists():
         generate_suite(p.envs, suite_dir)
     suite = load_suite(suite_dir)
+    if given:
+        return suite, *load_policy(given)
     w = p.warmstart
     ck = cache / f"sft_{suite_dir.name}_{w.steps}_{w.lr}_{w.seed}_{p.policy.layers}"
     ck = ck.with_name(
@@ -96,8 +102,20 @@ def oracle_progress(episodes: pd.DataFrame, steps: pd.DataFrame, suite) -> pd.Se
     return pd.Series(shares, index=episodes.index)
 
 
+def fresh_suite(p, r: int, scratch: Path):
+    """--fresh-suites: round r's tasks from a suite generated with another seed (new databases,
+    names and ids; every task a train task), so no answer can be memorized across rounds."""
+    cfg = p.envs.model_copy(
+        update={"seed": p.envs.seed + 104729 * r, "heldout_envs": 0, "heldout_task_frac": 0.0}
+    )
+    generate_suite(cfg, scratch / f"round_{r}")
+    return load_suite(scratch / f"round_{r}")
+
+
 def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     cfg = p.rollout
+    if args.fresh_suites:
+        suite = fresh_suite(p, r, args.scratch)
     # No history and one batch: static schedulers only (bench/envsched.py runs them all properly).
     plan_seed = 0 if args.fixed_tasks else r  # --fixed-tasks: the same tasks every round
     budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, plan_seed)
@@ -147,6 +165,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")
+    parser.add_argument("--fresh-suites", action="store_true", help="RL on a new suite per round")
     parser.add_argument("--fixed-tasks", action="store_true", help="same tasks every round")
     parser.add_argument("--warm", type=Path, default=None, help="start from this model folder")
     parser.add_argument(
@@ -157,9 +176,9 @@ def main() -> None:
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
-    suite, model, tok = warm_start(p, args.cache)
-    if args.warm:  # another warm start of the same suite (same tokenizer)
-        model, tok = load_policy(args.warm)
+    args.scratch = Path(tempfile.mkdtemp(prefix="rl-probe-"))
+    atexit.register(shutil.rmtree, args.scratch, ignore_errors=True)
+    suite, model, tok = warm_start(p, args.cache, args.warm)
 
     def evaluate(r: int) -> None:
         curve.append({"round": r, **heldout(model, tok, suite, p)})
