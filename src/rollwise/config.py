@@ -101,8 +101,8 @@ class WarmstartConfig(Section):
     # databases, so copying from observations is the only way to lower the loss (tasks/warmstart.py)
     augment_suites: int = Field(0, ge=0)
     # muon: Muon on the 2-D hidden weights (muon_lr), AdamW on the rest (lr). On the default
-    # suite it learns to copy names and ids from the prompt and observations in a third of
-    # AdamW's steps (bench/results/warmstart_optimizers.json)
+    # suite it learns to copy names and ids from the prompt and observations, which 800 AdamW
+    # steps did not (README: Where it stands)
     optimizer: Literal["adamw", "muon"] = "adamw"
     muon_lr: float = Field(0.02, gt=0)
     weight_decay: float = Field(0.0, ge=0)  # decoupled, on every weight
