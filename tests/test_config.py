@@ -14,6 +14,7 @@ from rollwise.config import (
     Params,
     ParamsError,
     apply_overrides,
+    dump_params,
     load_params,
     read_raw,
     rounds_dict,
@@ -193,6 +194,20 @@ def test_rounds_override_expands(raw, tmp_path: Path):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert load_params(path, {"rounds": 3}).n_rounds == 3
+
+
+def test_dumped_params_read_alike_in_dvc(raw):
+    """Round keys 08 and 09 are not octal in YAML 1.1, so PyYAML writes them bare; DVC (YAML 1.2)
+    would read them as ints beside the str keys of the other rounds and fail its foreach."""
+    from dvc.utils.serialize import parse_yaml
+
+    raw = apply_overrides(raw, {"rounds": 10})
+    assert 8 in parse_yaml(yaml.safe_dump(raw), "params.yaml")["rounds"]  # the trap itself
+    text = dump_params(raw)
+    for read in (yaml.safe_load(text), parse_yaml(text, "params.yaml")):
+        assert list(read["rounds"]) == [f"{r:02d}" for r in range(1, 11)]
+        assert read["rounds"]["09"] == {"start": "08", "policy": "08"}
+    assert yaml.safe_load(text) == raw
 
 
 # ------------------------------------------------------------------------------ stage CLIs

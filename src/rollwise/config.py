@@ -400,6 +400,23 @@ def rounds_dict(n: int, lag: int = 0) -> dict[str, dict[str, str]]:
     }
 
 
+class _ParamsDumper(yaml.SafeDumper):
+    """Quotes every all-digit string: PyYAML (YAML 1.1) writes "08" and "09" bare, since they
+    are not octal there, but DVC reads params with YAML 1.2, where a bare 08 is the int 8, and a
+    `rounds` mapping of str and int keys breaks dvc.yaml's foreach."""
+
+
+_ParamsDumper.add_representer(
+    str,
+    lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="'" if s.isdigit() else None),
+)
+
+
+def dump_params(raw: dict[str, Any]) -> str:
+    """A params mapping as params.yaml text that PyYAML and DVC read alike."""
+    return yaml.dump(raw, Dumper=_ParamsDumper, sort_keys=False)
+
+
 def rounds_yaml(n: int, lag: int = 0) -> str:
     """rounds_dict as one line of params.yaml (what an error tells the user to write)."""
     links = (f'"{r}": {{start: "{x["start"]}", policy: "{x["policy"]}"}}'
