@@ -69,14 +69,14 @@ print("stages_s", time.perf_counter() - t0)
 
 def project_copy(dest: Path) -> Path:
     """A fresh git+DVC project with CONFIG applied to params.yaml, committed (flows need HEAD)."""
-    from rollwise.config import apply_overrides, dump_params, read_raw
+    from rollwise.config import apply_overrides, dump_for_dvc, read_raw
 
     dest.mkdir(parents=True)
     for name in ("src", "tasks", "flows"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "dvc.yaml", dest)
     raw = apply_overrides(read_raw(ROOT / "params.yaml"), CONFIG)
-    (dest / "params.yaml").write_text(dump_params(raw))
+    (dest / "params.yaml").write_text(dump_for_dvc(raw))
     (dest / ".gitignore").write_text("__pycache__/\nmlflow.db\nmlruns/\n.rollwise/\n")
     dvc = str(Path(sys.executable).parent / "dvc")
     for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], ["git", "add", "-A"],

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flows.summary import read_metrics, stage_walls  # noqa: E402
-from rollwise.config import dump_params  # noqa: E402
+from rollwise.config import dump_for_dvc  # noqa: E402
 
 SEEDED = [
     "envs.seed",
@@ -47,7 +47,7 @@ def project_copy(dest: Path, seed: int) -> Path:
     for dotted in SEEDED:
         section, key = dotted.split(".")
         params[section][key] = seed
-    (dest / "params.yaml").write_text(dump_params(params))
+    (dest / "params.yaml").write_text(dump_for_dvc(params))
     bin_dir = Path(sys.executable).parent
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
     subprocess.run([str(bin_dir / "dvc"), "init", "-q"], cwd=dest, check=True)

@@ -22,6 +22,8 @@ import yaml
 from dvc.schema import COMPILED_LOCKFILE_SCHEMA, LOCK_FILE_STAGE_SCHEMA
 from voluptuous import Invalid, Schema
 
+from rollwise.config import dump_for_dvc
+
 STAGE_KEY = re.compile(r"^  (?P<name>[^\s#-][^:]*):\s*$")  # "  train@01:" under `stages:`
 ONE_STAGE = Schema(LOCK_FILE_STAGE_SCHEMA)
 
@@ -69,7 +71,7 @@ def repair(root: Path) -> list[str] | None:
         return None
     entries = complete_entries(text)
     tmp = path.with_name(f".dvc.lock.repair-{os.getpid()}")
-    tmp.write_text(yaml.safe_dump({"schema": "2.0", "stages": entries}, sort_keys=False))
+    tmp.write_text(dump_for_dvc({"schema": "2.0", "stages": entries}))
     os.replace(tmp, path)
     return list(entries)
 

@@ -55,14 +55,7 @@ from flows.workspace import (
     inside,
 )
 from rollwise import track
-from rollwise.config import (
-    Params,
-    ParamsError,
-    apply_overrides,
-    dump_params,
-    read_raw,
-    validate,
-)
+from rollwise.config import Params, ParamsError, apply_overrides, dump_for_dvc, read_raw, validate
 from rollwise.credit import ESTIMATORS
 from rollwise.schedule import SCHEDULERS
 from tasks import credit, curate, evaluate, generate, rollout, train, warmstart
@@ -244,7 +237,7 @@ def resolve_params(params_file: str | Path, overrides: dict[str, Any]) -> tuple[
 
 def params_text(raw: dict, overrides: dict[str, Any], base: Path) -> str:
     header = f"# written by a rollwise flow from {base}; overrides: {json.dumps(overrides)}\n"
-    return header + dump_params(raw)
+    return header + dump_for_dvc(raw)
 
 
 def folder_name(run_name: str | None) -> str:

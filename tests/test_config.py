@@ -14,7 +14,7 @@ from rollwise.config import (
     Params,
     ParamsError,
     apply_overrides,
-    dump_params,
+    dump_for_dvc,
     load_params,
     read_raw,
     rounds_dict,
@@ -203,7 +203,7 @@ def test_dumped_params_read_alike_in_dvc(raw):
 
     raw = apply_overrides(raw, {"rounds": 10})
     assert 8 in parse_yaml(yaml.safe_dump(raw), "params.yaml")["rounds"]  # the trap itself
-    text = dump_params(raw)
+    text = dump_for_dvc(raw)
     for read in (yaml.safe_load(text), parse_yaml(text, "params.yaml")):
         assert list(read["rounds"]) == [f"{r:02d}" for r in range(1, 11)]
         assert read["rounds"]["09"] == {"start": "08", "policy": "08"}

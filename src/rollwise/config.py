@@ -400,21 +400,21 @@ def rounds_dict(n: int, lag: int = 0) -> dict[str, dict[str, str]]:
     }
 
 
-class _ParamsDumper(yaml.SafeDumper):
+class _DvcDumper(yaml.SafeDumper):
     """Quotes every all-digit string: PyYAML (YAML 1.1) writes "08" and "09" bare, since they
-    are not octal there, but DVC reads params with YAML 1.2, where a bare 08 is the int 8, and a
-    `rounds` mapping of str and int keys breaks dvc.yaml's foreach."""
+    are not octal there, but DVC reads params.yaml and dvc.lock with YAML 1.2, where a bare 08 is
+    the int 8 (a `rounds` mapping of str and int keys breaks dvc.yaml's foreach)."""
 
 
-_ParamsDumper.add_representer(
+_DvcDumper.add_representer(
     str,
     lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="'" if s.isdigit() else None),
 )
 
 
-def dump_params(raw: dict[str, Any]) -> str:
-    """A params mapping as params.yaml text that PyYAML and DVC read alike."""
-    return yaml.dump(raw, Dumper=_ParamsDumper, sort_keys=False)
+def dump_for_dvc(data: dict[str, Any]) -> str:
+    """YAML text (params.yaml, dvc.lock) that PyYAML and DVC read alike."""
+    return yaml.dump(data, Dumper=_DvcDumper, sort_keys=False)
 
 
 def rounds_yaml(n: int, lag: int = 0) -> str:
