@@ -3,7 +3,7 @@ spend, and does curating change held-out success at the same rollout budget?
 
 One process, no orchestration. A clean suite and, per seed, the same suite with faults
 injected (about 15% of failed episodes hit by a failure-relevant fault; the faults seed is
-the bench seed). One warm start (SFT on the clean suite's oracles, cached) is shared by the
+the bench seed). One warm start (the pipeline's, tasks/warmstart.sft_warm_start; cached) is shared by the
 arms of a seed, each given the same plan, rounds and rollouts:
   clean      no faults, curated (its drops are false positives: the 0% suite)
   uncurated  faults, every episode trains
@@ -61,14 +61,13 @@ from rollwise.curate.filters import decide, weighted_advantages  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
-from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
+from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
-from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
 from rollwise.train.trainer import train_round, training_batch  # noqa: E402
 from rollwise.types import STEP_COLUMNS  # noqa: E402
-from tasks.warmstart import suite_tokenizer  # noqa: E402
+from tasks.warmstart import sft_warm_start  # noqa: E402
 
 # About 15% of failed episodes carry a failure-relevant fault with the warm-start policy.
 FAULTS = dict(
@@ -105,10 +104,7 @@ def warm_start(p, cache: Path, clean):
         / f"sft_{key_of(p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())}"
     )
     if not folder.exists():
-        tok = suite_tokenizer(clean)
-        model = build_model(tok, p.policy)
-        demos = [oracle_sequence(t, clean.envs[t.env_id], tok) for t in clean.split("train")]
-        sft(model, demos, p.warmstart, tok.pad_token_id)
+        model, tok, _, _ = sft_warm_start(p, clean)
         save_policy(model, tok, folder)
     return folder
 

@@ -35,14 +35,13 @@ from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
-from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
+from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.schedule import SCHEDULERS  # noqa: E402
 from rollwise.schedule.plan import Budget  # noqa: E402
-from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
 from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
-from tasks.warmstart import augment_suites, suite_tokenizer  # noqa: E402
+from tasks.warmstart import sft_warm_start  # noqa: E402
 
 
 def warm_start(p, cache: Path, given: Path | None = None):
@@ -65,14 +64,7 @@ def warm_start(p, cache: Path, given: Path | None = None):
     )
     if ck.exists():
         return suite, *load_policy(ck)
-    with tempfile.TemporaryDirectory() as scratch:
-        suites = [suite, *augment_suites(p, Path(scratch))]
-        tok = suite_tokenizer(*suites)
-        demos = [
-            oracle_sequence(t, s.envs[t.env_id], tok) for s in suites for t in s.split("train")
-        ]
-    model = build_model(tok, p.policy)
-    sft(model, demos, w, tok.pad_token_id)
+    model, tok, _, _ = sft_warm_start(p, suite)
     save_policy(model, tok, ck)
     return suite, model, tok
 

@@ -25,8 +25,7 @@ from tasks.common import (
 
 
 def run(params: Params, root: Path) -> dict:
-    from rollwise.policy.build import build_model, save_policy
-    from rollwise.train.sft import oracle_sequence, sft
+    from rollwise.policy.build import save_policy
 
     suite = load_suite(require(envs_dir(root), "generate"))
     initial_schedule_state(root)
@@ -34,6 +33,30 @@ def run(params: Params, root: Path) -> dict:
     initial_curate_state(root)
     if params.policy.model:
         return copy_user_model(Path(params.policy.model), model_dir(root, "00"))
+
+    def progress(step: int, loss: float) -> None:
+        if step % 25 == 0 or step == params.warmstart.steps - 1:
+            report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
+
+    model, tokenizer, losses, n_demos = sft_warm_start(params, suite, progress)
+    with atomic_dir(model_dir(root, "00")) as out:
+        save_policy(
+            model, tokenizer, out, {"built_from": "policy params", "sft_steps": len(losses)}
+        )
+    return {
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "sft_final_loss": losses[-1] if losses else 0.0,
+        "demos": n_demos,
+    }
+
+
+def sft_warm_start(params: Params, suite: Suite, on_step=None) -> tuple:
+    """(model, tokenizer, losses, demos): a tokenizer and tiny Qwen2 built from `suite` and its
+    augment suites, SFT on their train oracles. The stage and the learning benches share it, so
+    a bench's warm start is the pipeline's round_00 (same demos, same tokenizer)."""
+    from rollwise.policy.build import build_model
+    from rollwise.train.sft import oracle_sequence, sft
+
     with tempfile.TemporaryDirectory() as scratch:
         demo_suites = [suite, *augment_suites(params, Path(scratch))]
         tokenizer = suite_tokenizer(*demo_suites)
@@ -45,21 +68,8 @@ def run(params: Params, root: Path) -> dict:
         ]
     n_params = sum(p.numel() for p in model.parameters())
     log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {len(train)} demos")
-
-    def progress(step: int, loss: float) -> None:
-        if step % 25 == 0 or step == params.warmstart.steps - 1:
-            report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
-
-    losses = sft(model, train, params.warmstart, tokenizer.pad_token_id, on_step=progress)
-    with atomic_dir(model_dir(root, "00")) as out:
-        save_policy(
-            model, tokenizer, out, {"built_from": "policy params", "sft_steps": len(losses)}
-        )
-    return {
-        "params_m": n_params / 1e6,
-        "sft_final_loss": losses[-1] if losses else 0.0,
-        "demos": len(train),
-    }
+    losses = sft(model, train, params.warmstart, tokenizer.pad_token_id, on_step=on_step)
+    return model, tokenizer, losses, len(train)
 
 
 def augment_suites(params: Params, scratch: Path) -> list[Suite]:
