@@ -3,8 +3,8 @@ spend, and does curating change held-out success at the same rollout budget?
 
 One process, no orchestration. A clean suite and, per seed, the same suite with faults
 injected (about 15% of failed episodes hit by a failure-relevant fault; the faults seed is
-the bench seed). One warm start (the pipeline's, tasks/warmstart.sft_warm_start; cached) is shared by the
-arms of a seed, each given the same plan, rounds and rollouts:
+the bench seed). One warm start (the pipeline's, tasks/warmstart.sft_warm_start; cached) is
+shared by the arms of a seed, each given the same plan, rounds and rollouts:
   clean      no faults, curated (its drops are false positives: the 0% suite)
   uncurated  faults, every episode trains
   curated    faults, non-policy episodes dropped (params `curate`)
