@@ -309,6 +309,8 @@ def main() -> None:
             print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
     result = summarize_runs(runs, base, args, time.perf_counter() - t0)
     result["setup_s"] = sft_s
+    n_heldout = len(evaluation_tasks(clean, "heldout", args.eval_tasks))
+    result["heldout_pts_per_task"] = 100 / n_heldout  # the resolution of one held-out task
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot_path = args.out.with_suffix(".png")
     plot(result, plot_path)
@@ -381,7 +383,6 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
         },
         "heldout": {"warmstart": warm, **held},
         "heldout_mean": mean,
-        "heldout_pts_per_task": 100 / args.eval_tasks,  # the resolution of one held-out task
         "arm_minus_uncurated_pts": gains,
         "bank_use": bank_use,
         "best_arm": best,
