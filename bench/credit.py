@@ -17,7 +17,7 @@ One process, no orchestration, one torch thread. Three panels:
                 The toy chain runs the same comparison with a tabular softmax policy (token-mean
                 policy gradient), its success computed exactly.
 Writes bench/results/credit.json (+ .png). The warm start (the pipeline's round_00 for these
-params: tasks/warmstart.sft_warm_start) is cached under `--cache`.
+params: rollwise.train.warmstart.sft_warm_start) is cached under `--cache`.
 
     .venv/bin/python bench/credit.py warmstart.steps=800 [--seeds 0 1 2] [--rounds 2] [--tasks 8] \
         [--mc 12] [--value-tasks 12] [--eval-tasks 64] [--toy-seeds 5] [--arms grpo gigpo ...] \
@@ -64,8 +64,8 @@ from rollwise.rollout import engine  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
-from tasks.warmstart import sft_warm_start  # noqa: E402
 
 ARMS = ("grpo", "gigpo", "concal", "iapo", "spo", "spo_pp")  # the learning arms
 SINGLE_STREAM = {"spo", "spo_pp"}

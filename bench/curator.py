@@ -4,8 +4,8 @@ spend, and does curating change held-out success at the same rollout budget?
 One process, no orchestration. A clean suite and, per seed, the same suite with faults injected
 (15-22% of failed episodes hit by a failure-relevant fault, more as the policy gets better:
 FAULTS; the faults seed is the bench seed). One warm start (the pipeline's,
-tasks/warmstart.sft_warm_start; cached) is shared by the arms of a seed, each given the same
-plan, rounds and rollouts:
+rollwise.train.warmstart.sft_warm_start; cached) is shared by the arms of a seed, each given
+the same plan, rounds and rollouts:
   clean      no faults, curated (its drops are false positives: the 0% suite)
   uncurated  faults, every episode trains
   curated    faults, non-policy episodes dropped (params `curate`)
@@ -67,8 +67,8 @@ from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS  # noqa: E402
-from tasks.warmstart import sft_warm_start  # noqa: E402
 
 # Set for about 15% of failed episodes with a near-zero policy; the better the policy, the larger
 # the share: 21.8% of failures (18.6% of episodes) from the 35% warm start of curator.json.

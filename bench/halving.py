@@ -66,8 +66,8 @@ def make_real(folder: Path, seed: int) -> Path:
     from rollwise.envs.runtime import load_suite
     from rollwise.policy.build import build_model, save_policy
     from rollwise.train.sft import oracle_sequence, sft
+    from rollwise.train.warmstart import suite_tokenizer
     from tasks.evaluate import evaluate_candidates, user_candidates
-    from tasks.warmstart import suite_tokenizer
 
     params = load_params(ROOT / "params.yaml", {"envs.seed": seed, "evaluate.method": "full"})
     generate_suite(params.envs, folder / "data" / "envs")

@@ -41,7 +41,7 @@ from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
 from rollwise.schedule import SCHEDULERS  # noqa: E402
 from rollwise.schedule.plan import Budget  # noqa: E402
 from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
-from tasks.warmstart import sft_warm_start  # noqa: E402
+from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 
 
 def warm_start(p, cache: Path, given: Path | None = None):

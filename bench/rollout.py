@@ -48,7 +48,7 @@ from rollwise.policy.build import build_model  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
-from tasks.warmstart import suite_tokenizer  # noqa: E402
+from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
 
 BATCH = 64
 SUITE = EnvsConfig(n_envs=4, tasks_per_env=40, heldout_envs=0, heldout_task_frac=0.0)

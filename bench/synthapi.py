@@ -43,7 +43,7 @@ from rollwise.policy.build import build_model  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import Limits  # noqa: E402
 from rollwise.train.sft import oracle_sequence, sft  # noqa: E402
-from tasks.warmstart import suite_tokenizer  # noqa: E402
+from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
 
 DIVERSE = {
     "domains": list(DOMAINS),

@@ -6,11 +6,11 @@ Builds a tokenizer and a tiny Qwen2 and SFTs it on oracle trajectories of the tr
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
-from rollwise.config import FaultsConfig, Params
-from rollwise.envs.runtime import Suite, load_suite
+from rollwise.config import Params
+from rollwise.envs.runtime import load_suite
+from rollwise.train.warmstart import sft_warm_start
 from tasks.common import (
     atomic_dir,
     envs_dir,
@@ -39,58 +39,17 @@ def run(params: Params, root: Path) -> dict:
             report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
 
     model, tokenizer, losses, n_demos = sft_warm_start(params, suite, progress)
+    n_params = sum(p.numel() for p in model.parameters())
+    log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {n_demos} demos")
     with atomic_dir(model_dir(root, "00")) as out:
         save_policy(
             model, tokenizer, out, {"built_from": "policy params", "sft_steps": len(losses)}
         )
     return {
-        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "params_m": n_params / 1e6,
         "sft_final_loss": losses[-1] if losses else 0.0,
         "demos": n_demos,
     }
-
-
-def sft_warm_start(params: Params, suite: Suite, on_step=None) -> tuple:
-    """(model, tokenizer, losses, demos): a tokenizer and tiny Qwen2 built from `suite` and its
-    augment suites, SFT on their train oracles. The stage and the learning benches share it, so
-    a bench's warm start is the pipeline's round_00 (same demos, same tokenizer)."""
-    from rollwise.policy.build import build_model
-    from rollwise.train.sft import oracle_sequence, sft
-
-    with tempfile.TemporaryDirectory() as scratch:
-        demo_suites = [suite, *augment_suites(params, Path(scratch))]
-        tokenizer = suite_tokenizer(*demo_suites)
-        model = build_model(tokenizer, params.policy)
-        train = [
-            oracle_sequence(t, s.envs[t.env_id], tokenizer)
-            for s in demo_suites
-            for t in s.split("train")
-        ]
-    n_params = sum(p.numel() for p in model.parameters())
-    log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {len(train)} demos")
-    losses = sft(model, train, params.warmstart, tokenizer.pad_token_id, on_step=on_step)
-    return model, tokenizer, losses, len(train)
-
-
-def augment_suites(params: Params, scratch: Path) -> list[Suite]:
-    """`warmstart.augment_suites` more suites from the generator with other seeds (fresh
-    databases and tasks; all their tasks are demos). On the default suite alone SFT memorized
-    its demos' answers instead of reading the observations (bench/results/generalization.json:
-    54% train vs 18% held-out tasks of the same environments). The evaluation's environments and
-    held-out tasks are untouched: these are other environments."""
-    from rollwise.envs.generate import generate_suite
-
-    if params.envs.custom and params.warmstart.augment_suites:
-        raise ValueError("warmstart.augment_suites needs the synthetic suite (envs.custom is set)")
-    suites = []
-    for k in range(1, params.warmstart.augment_suites + 1):
-        cfg = params.envs.model_copy(
-            update={"seed": params.envs.seed + 7919 * k, "heldout_envs": 0,
-                    "heldout_task_frac": 0.0, "faults": FaultsConfig()}
-        )  # fmt: skip
-        generate_suite(cfg, scratch / f"augment_{k}")
-        suites.append(load_suite(scratch / f"augment_{k}"))
-    return suites
 
 
 def initial_schedule_state(root: Path) -> None:
@@ -114,32 +73,6 @@ def initial_curate_state(root: Path) -> None:
 
     with atomic_dir(round_dir(root, "curated", "00")) as out:
         write_initial_state(out)
-
-
-def suite_tokenizer(*suites: Suite):
-    """Word-level vocabulary from the suites' text (vocabulary only: held-out tasks teach nothing
-    here, but their words must be tokens so unseen environments are not [UNK] soup)."""
-    from rollwise.policy.build import train_tokenizer
-    from rollwise.train.sft import oracle_texts
-
-    scratch = train_tokenizer([])
-    texts = [ERROR_WORDS]
-    for suite, task in ((s, t) for s in suites for t in s.tasks.values()):
-        env = suite.envs[task.env_id]
-        msgs = env.reset(task, seed=0)
-        tools = [t.to_openai() for t in env.tools()]
-        texts.append(scratch.apply_chat_template(msgs, tools=tools, tokenize=False))
-        texts += [piece for turn in oracle_texts(task, env, scratch)[1] for piece in turn if piece]
-    return train_tokenizer(texts)
-
-
-# The wording of error observations (runtime.py, chat.py, engine.py): the policy must read them.
-ERROR_WORDS = (
-    "error unknown tool takes exactly one argument must be integer string not found: environment "
-    "malformed tool call unbalanced tags not valid JSON expected name arguments must be an object "
-    "too many calls in one turn timed out reset failed after s busy an earlier has returned "
-    "run this"
-)
 
 
 def copy_user_model(src: Path, dst: Path) -> dict:

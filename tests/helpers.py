@@ -27,7 +27,7 @@ def make_suite(out: Path, cfg: EnvsConfig = SMALL_ENVS) -> dict:
 def suite_and_tokenizer(out: Path):
     """(Suite, tokenizer) the way the warmstart stage builds them."""
     from rollwise.envs.runtime import load_suite
-    from tasks.warmstart import suite_tokenizer
+    from rollwise.train.warmstart import suite_tokenizer
 
     make_suite(out)
     suite = load_suite(out)
@@ -57,7 +57,7 @@ def scripted_policy(policy: PolicyConfig = TINY_POLICY) -> ScriptedPolicy:
     from rollwise.envs.runtime import load_suite
     from rollwise.policy.build import build_model, save_policy
     from rollwise.train.sft import oracle_sequence, sft
-    from tasks.warmstart import suite_tokenizer
+    from rollwise.train.warmstart import suite_tokenizer
 
     root = Path(tempfile.mkdtemp(prefix="rollwise-scripted-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)

@@ -509,8 +509,9 @@ def test_rollout_opens_banked_tasks_with_their_demonstration(tmp_path: Path):
     from rollwise.config import validate
     from rollwise.policy.build import build_model, save_policy
     from rollwise.policy.chat import prompt_ids
+    from rollwise.train.warmstart import suite_tokenizer
     from tasks import rollout
-    from tasks.warmstart import initial_schedule_state, suite_tokenizer
+    from tasks.warmstart import initial_schedule_state
     from tests.helpers import TINY_POLICY
 
     make_suite(tmp_path / "envs")

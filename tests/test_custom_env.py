@@ -77,7 +77,7 @@ def test_generated_suite_loads_the_users_environment(suite_dir: Path, suite):
 
 @pytest.fixture(scope="module")
 def tokenizer(suite):
-    from tasks.warmstart import suite_tokenizer
+    from rollwise.train.warmstart import suite_tokenizer
 
     return suite_tokenizer(suite)
 
@@ -157,7 +157,7 @@ class TwoTurnNotes(NotesEnv):
 def test_a_users_multi_turn_environment_runs_turn_by_turn(tmp_path: Path, monkeypatch):
     from rollwise.policy.chat import action_text, encode
     from rollwise.train.sft import oracle_sequence
-    from tasks.warmstart import suite_tokenizer
+    from rollwise.train.warmstart import suite_tokenizer
     from tests.test_engine import ScriptBackend
 
     module = types.ModuleType("twice_env")

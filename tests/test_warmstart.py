@@ -1,4 +1,4 @@
-"""tasks/warmstart.py: augmentation suites are other databases, train tasks only, and the
+"""rollwise.train.warmstart: augmentation suites are other databases, train tasks only, and the
 tokenizer covers their words."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from rollwise.config import validate
 from rollwise.envs.generate import generate_suite
 from rollwise.envs.runtime import load_suite
 from rollwise.train.sft import oracle_sequence
-from tasks.warmstart import augment_suites, suite_tokenizer
+from rollwise.train.warmstart import augment_suites, suite_tokenizer
 
 SMALL = {"n_envs": 3, "tasks_per_env": 6, "heldout_envs": 1}
 

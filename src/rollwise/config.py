@@ -98,7 +98,7 @@ class WarmstartConfig(Section):
     lr: float = Field(3e-3, gt=0)
     seed: int = 0
     # SFT demos also from this many more suites of the same generator with other seeds: fresh
-    # databases, so copying from observations is the only way to lower the loss (tasks/warmstart.py)
+    # databases, so copying from observations is the only way to lower the loss (train/warmstart.py)
     augment_suites: int = Field(0, ge=0)
     # muon: Muon on the 2-D hidden weights (muon_lr), AdamW on the rest (lr). On the default
     # suite it learns to copy names and ids from the prompt and observations, which 800 AdamW
