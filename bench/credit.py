@@ -57,6 +57,7 @@ from rollwise.credit.tracker import attach, empty_tracker, next_drift, next_trac
 from rollwise.credit.turns import turn_table  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.folders import check_hf_folder  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
 from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
@@ -77,12 +78,16 @@ def key_of(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
-def setup(p, cache: Path):
-    """(suite, warm-start folder), both cached by their params."""
+def setup(p, cache: Path, given: Path | None = None):
+    """(suite, warm-start folder), both cached by their params; `given` (a saved policy folder)
+    replaces the built warm start."""
     suite_dir = cache / f"suite_{key_of(p.envs.model_dump())}"
     if not suite_dir.exists():
         generate_suite(p.envs, suite_dir)
     suite = load_suite(suite_dir)
+    if given is not None:
+        check_hf_folder(given)
+        return suite, given
     parts = (p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())
     folder = cache / f"sft_{key_of(*parts)}"
     if not folder.exists():
@@ -494,6 +499,11 @@ def main() -> None:
     parser.add_argument("--skip-llm-learning", action="store_true")
     parser.add_argument("--only-value", action="store_true", help="value panels only (no training)")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "credit")
+    parser.add_argument(  # a partial warm start differs by machine: to compare, share one
+        "--warm-start",
+        type=Path,
+        help="a saved policy folder (e.g. models/round_00) instead of building the warm start",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "credit.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -501,7 +511,7 @@ def main() -> None:
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
-    suite, folder = setup(p, args.cache)
+    suite, folder = setup(p, args.cache, args.warm_start)
     setup_s = time.perf_counter() - t0
     result: dict = {"value_toy": toy_value_panel(args, p.credit)}
     if not args.only_value:
@@ -521,6 +531,7 @@ def main() -> None:
                                          capture_output=True, text=True).stdout.strip()),
         **headline(result),
         "setup_s": setup_s, "wall_s": time.perf_counter() - t0, "overrides": overrides,
+        "warm_start": str(args.warm_start or "built"),
         **copy.deepcopy(result),
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,7 @@ from rollwise.curate.attribution import attribute  # noqa: E402
 from rollwise.curate.filters import decide, weighted_advantages  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.folders import check_hf_folder  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
 from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
@@ -287,6 +288,11 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=96)
     parser.add_argument("--sft-steps", type=int, default=400, help="warm start (cached)")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "curator")
+    parser.add_argument(
+        "--warm-start",
+        type=Path,
+        help="a saved policy folder (e.g. models/round_00) instead of building the warm start",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "curator.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -296,7 +302,9 @@ def main() -> None:
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
     clean = suite_at(args.cache, p.envs, None)
-    model_dir = warm_start(p, args.cache, clean)
+    if args.warm_start is not None:  # a partial warm start differs by machine: share one
+        check_hf_folder(args.warm_start)
+    model_dir = args.warm_start or warm_start(p, args.cache, clean)
     sft_s = time.perf_counter() - t0
     model, tok = load_policy(model_dir)
     base = heldout(model, tok, clean, p, args)
@@ -311,6 +319,7 @@ def main() -> None:
             print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
     result = summarize_runs(runs, base, args, time.perf_counter() - t0)
     result["setup_s"] = sft_s
+    result["warm_start"] = str(args.warm_start or "built")
     n_heldout = len(evaluation_tasks(clean, "heldout", args.eval_tasks))
     result["heldout_pts_per_task"] = 100 / n_heldout  # the resolution of one held-out task
     args.out.parent.mkdir(parents=True, exist_ok=True)
