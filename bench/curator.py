@@ -101,7 +101,12 @@ def suite_at(cache: Path, envs, faults: FaultsConfig | None):
     return load_suite(folder)
 
 
-def warm_start(p, cache: Path, clean):
+def warm_start(p, cache: Path, clean, given: Path | None = None) -> Path:
+    """The warm-start folder of `p`, built once and cached; `given` (a saved policy folder)
+    replaces it: a partial warm start differs by machine, so comparisons share one."""
+    if given is not None:
+        check_hf_folder(given)
+        return given
     folder = (
         cache
         / f"sft_{key_of(p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())}"
@@ -302,9 +307,7 @@ def main() -> None:
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
     clean = suite_at(args.cache, p.envs, None)
-    if args.warm_start is not None:  # a partial warm start differs by machine: share one
-        check_hf_folder(args.warm_start)
-    model_dir = args.warm_start or warm_start(p, args.cache, clean)
+    model_dir = warm_start(p, args.cache, clean, args.warm_start)
     sft_s = time.perf_counter() - t0
     model, tok = load_policy(model_dir)
     base = heldout(model, tok, clean, p, args)

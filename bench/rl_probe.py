@@ -46,7 +46,7 @@ from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 
 def warm_start(p, cache: Path, given: Path | None = None):
     """(suite, model, tokenizer): the SFT warm start of `p` (cached), or the `given` model
-    folder (--warm: another warm start of the same suite, e.g. a pipeline's models/round_00)."""
+    folder (--warm-start: another warm start of the same suite, e.g. a run's models/round_00)."""
     suite_dir = cache / f"suite_{p.envs.seed}_{p.envs.n_envs}_{p.envs.tasks_per_env}"
     if not suite_dir.exists():
         generate_suite(p.envs, suite_dir)
@@ -159,7 +159,8 @@ def main() -> None:
     parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")
     parser.add_argument("--fresh-suites", action="store_true", help="RL on a new suite per round")
     parser.add_argument("--fixed-tasks", action="store_true", help="same tasks every round")
-    parser.add_argument("--warm", type=Path, default=None, help="start from this model folder")
+    parser.add_argument("--warm-start", "--warm", dest="warm", type=Path, default=None,
+                        help="start from this model folder")  # fmt: skip
     parser.add_argument(
         "--threads", type=int, default=2, help="torch threads (1: two probes side by side)"
     )
