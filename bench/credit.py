@@ -222,7 +222,9 @@ def llm_value_panel(model, tok, suite, p, args) -> dict:
 def decomposition(turns, episodes, steps, q, credit) -> dict:
     """Value error of the parts of A = A^E + omega A^S: the episode term both methods share, each
     step term alone, and the GiGPO form fed the reference Q itself (what no return estimate in
-    that form can beat: its A^E and per-cluster std normalization stay)."""
+    that form can beat: its A^E and per-cluster std normalization stay). `*_step_values` score
+    the per-turn action values each method puts into the clusters (GiGPO's raw returns, ConCal's
+    calibrated ones) before any normalization: what calibration itself does to the values."""
     flat = credit.model_copy(update={"gigpo": credit.gigpo.model_copy(update={"omega": 0.0})})
     episode = combine(episodes, turns, np.zeros(len(turns)), flat)  # [N] A^E
     raw = step_returns(turns, credit.gigpo.gamma)  # [N]
@@ -233,6 +235,8 @@ def decomposition(turns, episodes, steps, q, credit) -> dict:
         "concal_step_term": combine(episodes, turns, cal, credit) - episode,
         "reference_q_step_term": combine(episodes, turns, q, credit) - episode,
         "reference_q_in_gigpo_form": combine(episodes, turns, q, credit),
+        "gigpo_step_values": raw,
+        "concal_step_values": cal,
     }
     return {k: value_report(turns, v, q)["value_error"] for k, v in parts.items()}
 
@@ -455,11 +459,16 @@ def plot(result: dict, path: Path) -> None:
 def headline(result: dict) -> dict:
     """The issue's figures from the panels that ran (learning ones only when their panel did)."""
     llm, toy = result["value_llm"]["methods"], result["value_toy"]["methods"]
+    parts = result["value_llm"]["decomposition"]
     out = {
         "concal_over_gigpo_value_error_ratio":
             llm["concal"]["value_error"] / llm["gigpo"]["value_error"],
         "toy_concal_over_gigpo_value_error_ratio":
             toy["concal"]["value_error"] / toy["gigpo"]["value_error"],
+        "concal_over_gigpo_step_value_error_ratio":  # the values alone, before A's form
+            parts["concal_step_values"] / parts["gigpo_step_values"],
+        "toy_concal_over_gigpo_step_value_error_ratio": result["value_toy"]["decomposition"][
+            "concal_step_values"] / result["value_toy"]["decomposition"]["gigpo_step_values"],
         "targets": {"concal_over_gigpo_value_error_ratio": "<= 0.7",
                     "concal_minus_gigpo_pts": ">= 3"},
     }  # fmt: skip
