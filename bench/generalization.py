@@ -64,12 +64,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/generalization.json")
     parser.add_argument("--samples", type=int, default=0, help="K sampled episodes per task")
     parser.add_argument("--temperature", type=float, default=None, help="default: the rollout's")
+    parser.add_argument("--warm-start", type=Path, help="a saved policy folder instead of the SFT")
     args = parser.parse_args()
     torch.set_num_threads(1)
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
-    suite, model, tok = warm_start(p, args.cache)
+    suite, model, tok = warm_start(p, args.cache, args.warm_start)
     catalog = suite.catalog.set_index("task_id")
     limits = Limits(max_context=p.policy.max_context, greedy=True)
     result: dict = {}
