@@ -5,7 +5,7 @@ on train tasks cannot be expected to transfer. Reuses bench/rl_probe.py's cached
 checkpoint (run the probe with the same overrides first).
 
     .venv/bin/python bench/generalization.py warmstart.steps=800 [--out FILE.json] \
-        [--samples 8 --temperature 0.7]
+        [--samples 8 --temperature 0.7] [--warm-start models/round_00]
 
 With --samples K it also samples K episodes per task (at the rollout's temperature): per kind,
 the sampled success and pass@K, which bounds what RL's group sampling can find and amplify: a
