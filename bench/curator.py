@@ -300,6 +300,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "curator.json")
     args = parser.parse_args()
+    missing = [a for a in ("clean", "uncurated", "curated") if a not in args.arms]
+    if missing:  # the summary compares against all three: fail before hours of rollouts
+        parser.error(f"--arms must include clean, uncurated and curated; missing: {missing}")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     overrides = {"warmstart.steps": args.sft_steps}
