@@ -459,7 +459,7 @@ def plot(result: dict, path: Path) -> None:
 def headline(result: dict) -> dict:
     """The issue's figures from the panels that ran (learning ones only when their panel did)."""
     llm, toy = result["value_llm"]["methods"], result["value_toy"]["methods"]
-    parts = result["value_llm"]["decomposition"]
+    parts, toy_parts = (result[k]["decomposition"] for k in ("value_llm", "value_toy"))
     out = {
         "concal_over_gigpo_value_error_ratio":
             llm["concal"]["value_error"] / llm["gigpo"]["value_error"],
@@ -467,8 +467,8 @@ def headline(result: dict) -> dict:
             toy["concal"]["value_error"] / toy["gigpo"]["value_error"],
         "concal_over_gigpo_step_value_error_ratio":  # the values alone, before A's form
             parts["concal_step_values"] / parts["gigpo_step_values"],
-        "toy_concal_over_gigpo_step_value_error_ratio": result["value_toy"]["decomposition"][
-            "concal_step_values"] / result["value_toy"]["decomposition"]["gigpo_step_values"],
+        "toy_concal_over_gigpo_step_value_error_ratio":
+            toy_parts["concal_step_values"] / toy_parts["gigpo_step_values"],
         "targets": {"concal_over_gigpo_value_error_ratio": "<= 0.7",
                     "concal_minus_gigpo_pts": ">= 3"},
     }  # fmt: skip

@@ -34,6 +34,7 @@ from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.folders import check_hf_folder  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
 from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
@@ -52,6 +53,7 @@ def warm_start(p, cache: Path, given: Path | None = None):
         generate_suite(p.envs, suite_dir)
     suite = load_suite(suite_dir)
     if given:
+        check_hf_folder(given)  # a bad path names itself, as in bench/credit.py and curator.py
         return suite, *load_policy(given)
     w = p.warmstart
     ck = cache / f"sft_{suite_dir.name}_{w.steps}_{w.lr}_{w.seed}_{p.policy.layers}"
