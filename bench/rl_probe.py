@@ -72,9 +72,16 @@ def warm_start(p, cache: Path, given: Path | None = None):
 
 
 def heldout(model, tok, suite, p, split: str = "heldout") -> dict:
+    """Greedy success on the split, and per task kind: which skill a round moved."""
     tasks = evaluation_tasks(suite, split, p.evaluate.max_tasks)
     limits = Limits(max_context=p.policy.max_context, greedy=True)
-    return summarize(evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits))
+    episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
+    return {**summarize(episodes), "by_kind": by_kind(episodes, suite)}
+
+
+def by_kind(episodes: pd.DataFrame, suite) -> dict[str, float]:
+    kinds = episodes["task_id"].map(suite.catalog.set_index("task_id")["kind"])
+    return episodes.groupby(kinds)["success"].mean().round(3).to_dict()
 
 
 def oracle_progress(episodes: pd.DataFrame, steps: pd.DataFrame, suite) -> pd.Series:
@@ -145,6 +152,7 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     zero_var = (episodes.groupby("group")["reward"].std(ddof=0) < 1e-9).mean()
     return {"round": r, "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1,
             "sample_success": float(episodes["success"].mean()),
+            "sample_success_by_kind": by_kind(episodes, suite),
             "reward": float(episodes["reward"].mean()), "zero_variance_groups": float(zero_var),
             "trained_reward": float(scored["reward"].mean()),
             **{k: stats.get(k, 0.0) for k in ("approx_kl", "clip_frac", "entropy")}}  # fmt: skip
@@ -161,6 +169,7 @@ def main() -> None:
     parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")
     parser.add_argument("--fresh-suites", action="store_true", help="RL on a new suite per round")
     parser.add_argument("--fixed-tasks", action="store_true", help="same tasks every round")
+    parser.add_argument("--save", type=Path, default=None, help="save the final policy here")
     parser.add_argument("--warm-start", "--warm", dest="warm", type=Path, default=None,
                         help="start from this model folder")  # fmt: skip
     parser.add_argument(
@@ -177,7 +186,11 @@ def main() -> None:
 
     def evaluate(r: int) -> None:
         curve.append({"round": r, **heldout(model, tok, suite, p)})
-        line = {"round": r, "heldout_success": curve[-1]["success"]}
+        line = {
+            "round": r,
+            "heldout_success": curve[-1]["success"],
+            "by_kind": curve[-1]["by_kind"],
+        }
         if args.train_eval:
             curve[-1]["train_success"] = line["train_success"] = heldout(
                 model, tok, suite, p, "train"
@@ -192,6 +205,8 @@ def main() -> None:
         print(json.dumps(rounds[-1]), flush=True)
         if r % args.eval_every == 0 or r == p.n_rounds:
             evaluate(r)
+    if args.save:
+        save_policy(model, tok, args.save)
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()  # fmt: skip
