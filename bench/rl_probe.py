@@ -9,6 +9,10 @@ pipeline (`make run`) is the reference.
 --reward progress: 0.5 x success + 0.5 x the share of the task's oracle calls the episode made
 (same tool, same arguments): partial credit for each correct dependent call, to see whether a
 denser reward gives RL a signal on the multi-call tasks it never solves.
+
+--oracle N: the control arm. No rollout: N oracle trajectories of the round's train tasks go
+through the same trainer with advantage +1, so held-out after R rounds is what the trainer's
+lr and step budget can do with a perfect signal, an upper reference for any advantage.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -41,7 +46,13 @@ from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.schedule import SCHEDULERS  # noqa: E402
 from rollwise.schedule.plan import Budget  # noqa: E402
-from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
+from rollwise.train.sft import oracle_sequence  # noqa: E402
+from rollwise.train.trainer import (  # noqa: E402
+    make_optimizer,
+    policy_logprobs,
+    train_round,
+    training_batch,
+)
 from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 
 
@@ -113,10 +124,22 @@ def fresh_suite(p, r: int, scratch: Path):
     return load_suite(scratch / f"round_{r}")
 
 
-def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
+def oracle_items(suite, n: int, r: int, model, tok, p) -> list[dict]:
+    """--oracle N: N of the suite's train tasks' oracle trajectories, advantage +1 on the policy
+    tokens, the model's own log-probs as PPO's old policy: the trainer's update budget given a
+    perfect signal, which bounds what any advantage could do with the same lr and steps."""
+    items = []
+    for t in random.Random(r).sample(suite.split("train"), n):
+        ids, mask = oracle_sequence(t, suite.envs[t.env_id], tok)
+        items.append({"ids": ids, "mask": mask, "adv": [float(m) for m in mask],
+                      "logprobs": [0.0] * len(ids)})  # fmt: skip
+    old = policy_logprobs(model, items, p.train, tok.pad_token_id, p.rollout.temperature)
+    return [{**it, "logprobs": list(lp)} for it, lp in zip(items, old, strict=True)]
+
+
+def rollout_items(r: int, model, tok, suite, p, args) -> tuple[list[dict], dict]:
+    """One round's sampled episodes, scored and credited: (training items, round figures)."""
     cfg = p.rollout
-    if args.fresh_suites:
-        suite = fresh_suite(p, r, args.scratch)
     # No history and one batch: static schedulers only (bench/envsched.py runs them all properly).
     plan_seed = 0 if args.fixed_tasks else r  # --fixed-tasks: the same tasks every round
     budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, plan_seed)
@@ -133,7 +156,6 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     t0 = time.perf_counter()
     episodes, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
     episodes = pd.DataFrame(episodes)
-    t1 = time.perf_counter()
     success = episodes["success"].astype(float)
     rewards = {
         "rubric": episodes["reward"],
@@ -144,17 +166,29 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     adv = ESTIMATORS[p.credit.method](scored, pd.DataFrame(steps), p.credit)
     negative = adv["advantage"] < 0
     adv.loc[negative, "advantage"] *= args.negative_scale
-    items = training_batch(episodes, adv)
-    done = getattr(args, "steps_done", 0)  # optimizer steps so far: train.warmup_steps spans rounds
-    stats = train_round(model, items, p.train, opt, tok.pad_token_id,
-                        temperature=cfg.temperature, steps_before=done)  # fmt: skip
-    args.steps_done = done + int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
     zero_var = (episodes.groupby("group")["reward"].std(ddof=0) < 1e-9).mean()
-    return {"round": r, "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1,
-            "sample_success": float(episodes["success"].mean()),
-            "sample_success_by_kind": by_kind(episodes, suite),
-            "reward": float(episodes["reward"].mean()), "zero_variance_groups": float(zero_var),
-            "trained_reward": float(scored["reward"].mean()),
+    return training_batch(episodes, adv), {
+        "rollout_s": time.perf_counter() - t0,
+        "sample_success": float(episodes["success"].mean()),
+        "sample_success_by_kind": by_kind(episodes, suite),
+        "reward": float(episodes["reward"].mean()), "zero_variance_groups": float(zero_var),
+        "trained_reward": float(scored["reward"].mean()),
+    }  # fmt: skip
+
+
+def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
+    if args.fresh_suites:
+        suite = fresh_suite(p, r, args.scratch)
+    if args.oracle:
+        items, line = oracle_items(suite, args.oracle, r, model, tok, p), {"oracle": args.oracle}
+    else:
+        items, line = rollout_items(r, model, tok, suite, p, args)
+    t0 = time.perf_counter()
+    temperature, done = p.rollout.temperature, args.steps_done  # warmup_steps spans rounds
+    stats = train_round(model, items, p.train, opt, tok.pad_token_id,
+                        temperature=temperature, steps_before=done)  # fmt: skip
+    args.steps_done += int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
+    return {"round": r, **line, "train_s": time.perf_counter() - t0,
             **{k: stats.get(k, 0.0) for k in ("approx_kl", "clip_frac", "entropy")}}  # fmt: skip
 
 
@@ -169,6 +203,7 @@ def main() -> None:
     parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")
     parser.add_argument("--fresh-suites", action="store_true", help="RL on a new suite per round")
     parser.add_argument("--fixed-tasks", action="store_true", help="same tasks every round")
+    parser.add_argument("--oracle", type=int, default=0, help="N oracle demos a round, no rollout")
     parser.add_argument("--save", type=Path, default=None, help="save the final policy here")
     parser.add_argument("--warm-start", "--warm", dest="warm", type=Path, default=None,
                         help="start from this model folder")  # fmt: skip
@@ -181,6 +216,7 @@ def main() -> None:
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
     args.scratch = Path(tempfile.mkdtemp(prefix="rl-probe-"))
+    args.steps_done = 0
     atexit.register(shutil.rmtree, args.scratch, ignore_errors=True)
     suite, model, tok = warm_start(p, args.cache, args.warm)
 
