@@ -27,7 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.rl_probe import warm_start  # noqa: E402
+from bench.rl_probe import by_kind, warm_start  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
@@ -78,7 +78,6 @@ def main() -> None:
         tasks = evaluation_tasks(suite, split, p.evaluate.max_tasks)
         episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
         episodes["unseen_env"] = episodes["task_id"].map(catalog["heldout_env"])
-        episodes["kind"] = episodes["task_id"].map(catalog["kind"])
         result[split] = {
             "n": len(episodes),
             "success": float(episodes["success"].mean()),
@@ -86,7 +85,7 @@ def main() -> None:
                 ("unseen_env" if k else "seen_env"): float(v)
                 for k, v in episodes.groupby("unseen_env")["success"].mean().items()
             },
-            "by_kind": episodes.groupby("kind")["success"].mean().round(3).to_dict(),
+            "by_kind": by_kind(episodes, suite),
         }
         if args.samples:
             temperature = args.temperature or p.rollout.temperature

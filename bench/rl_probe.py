@@ -91,6 +91,7 @@ def heldout(model, tok, suite, p, split: str = "heldout") -> dict:
 
 
 def by_kind(episodes: pd.DataFrame, suite) -> dict[str, float]:
+    """Success rate per task kind (the catalog's `kind` of each episode's task)."""
     kinds = episodes["task_id"].map(suite.catalog.set_index("task_id")["kind"])
     return episodes.groupby(kinds)["success"].mean().round(3).to_dict()
 
@@ -128,8 +129,11 @@ def oracle_items(suite, n: int, r: int, model, tok, p) -> list[dict]:
     """--oracle N: N of the suite's train tasks' oracle trajectories, advantage +1 on the policy
     tokens, the model's own log-probs as PPO's old policy: the trainer's update budget given a
     perfect signal, which bounds what any advantage could do with the same lr and steps."""
+    train = suite.split("train")
+    if n > len(train):
+        raise SystemExit(f"--oracle {n}: the round's suite has only {len(train)} train tasks")
     items = []
-    for t in random.Random(r).sample(suite.split("train"), n):
+    for t in random.Random(r).sample(train, n):
         ids, mask = oracle_sequence(t, suite.envs[t.env_id], tok)
         items.append({"ids": ids, "mask": mask, "adv": [float(m) for m in mask],
                       "logprobs": [0.0] * len(ids)})  # fmt: skip
