@@ -76,11 +76,22 @@ def scripted_policy(policy: PolicyConfig = TINY_POLICY) -> ScriptedPolicy:
 
 
 def assert_same_episodes(a: list[dict], b: list[dict]) -> None:
-    """Episode rows equal field for field; log-probs to 1e-5 (batch shapes change float sums)."""
+    """Episode rows equal field for field; log-probs to 1e-5 (batch shapes change float sums).
+    A mismatch names the episode, the field and the first differing position."""
     import torch
 
     assert [e["episode_id"] for e in a] == [e["episode_id"] for e in b]
     for x, y in zip(a, b, strict=True):
+        for key in sorted(x.keys() - {"logprobs", "wall_s"}):
+            assert x[key] == y[key], (x["episode_id"], key, first_difference(x[key], y[key]))
         assert torch.allclose(torch.tensor(x["logprobs"]), torch.tensor(y["logprobs"]), atol=1e-5)
-        for key in x.keys() - {"logprobs", "wall_s"}:
-            assert x[key] == y[key], (x["episode_id"], key)
+
+
+def first_difference(x, y) -> str:
+    """Where two values part: for sequences, the first differing index and the items there."""
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        i = next(
+            (k for k, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y))
+        )
+        return f"at [{i}] of {len(x)} vs {len(y)}: {x[i : i + 3]} vs {y[i : i + 3]}"
+    return f"{x!r:.200} vs {y!r:.200}"

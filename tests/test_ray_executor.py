@@ -16,7 +16,11 @@ from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env
 from rollwise.rollout.executors import EXECUTORS, RolloutWorker, shards, spec_row
 from tests.helpers import assert_same_episodes, scripted_policy
 
-LIMITS = Limits(max_turns=3, max_new_tokens=48, max_context=384, temperature=0.7, seed=7)
+# A generous tool deadline: these tests compare batch shapes and processes, and a call that a
+# loaded CI machine stalls past the 5 s default would become a timeout observation in one run only.
+LIMITS = Limits(
+    max_turns=3, max_new_tokens=48, max_context=384, temperature=0.7, seed=7, tool_timeout_s=120
+)
 
 
 @pytest.fixture(scope="module")
