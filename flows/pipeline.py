@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import re
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +42,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from flows.retries import RETRIES, RETRY_DELAYS_S, retry_if_transient
 from flows.summary import summary_table
 from flows.workspace import (
     BRANCH_PREFIX,
@@ -62,52 +61,6 @@ from tasks import credit, curate, evaluate, generate, rollout, train, warmstart
 from tasks.common import PROGRESS_SINKS, recorded_metrics, timed_stage
 
 ROOT = Path(__file__).resolve().parents[1]  # the project: params.yaml, mlflow.db, .rollwise/
-RETRIES = 2
-RETRY_DELAYS_S = [10, 60]
-
-# ---------------------------------------------------------------------------- retries
-
-
-def _network_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "the network or a server blinked": worth a retry."""
-    types: list[type[BaseException]] = [ConnectionError, TimeoutError, socket.gaierror]
-    optional = {
-        "requests": ("ConnectionError", "Timeout"),
-        "httpx": ("TransportError",),
-        "urllib3.exceptions": ("ProtocolError", "NewConnectionError", "TimeoutError"),
-        "botocore.exceptions": ("ConnectionError", "HTTPClientError"),
-    }
-    for module, names in optional.items():
-        with contextlib.suppress(ImportError):
-            mod = importlib.import_module(module)
-            types += [getattr(mod, n) for n in names if hasattr(mod, n)]
-    return tuple(types)
-
-
-NETWORK_ERRORS = _network_errors()
-# Never retried, whatever they wrap: bad params/data (ParamsError is a ValueError), a missing
-# upstream artifact, code errors. A retry would only fail the same way, later.
-PERMANENT_ERRORS = (ValueError, TypeError, LookupError, FileNotFoundError, PermissionError)
-
-
-def is_transient(exc: BaseException | None) -> bool:
-    """True for connection/timeout errors (to MLflow, S3, ...), also when wrapped by a client."""
-    if exc is None or isinstance(exc, PERMANENT_ERRORS):
-        return False
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, NETWORK_ERRORS) or "Max retries exceeded" in str(exc):
-            return True  # the last: how MLflow's REST client reports a refused connection
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def retry_if_transient(task, task_run, state) -> bool:
-    """Prefect `retry_condition_fn`: retry a failed stage only on a transient network error."""
-    exc = state.result(raise_on_failure=False)
-    return is_transient(exc if isinstance(exc, BaseException) else None)
-
 
 # ---------------------------------------------------------------------------- stage tasks
 
