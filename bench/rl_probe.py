@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import copy
 import json
 import random
 import shutil
@@ -180,6 +181,9 @@ def rollout_items(r: int, model, tok, suite, p, args) -> tuple[list[dict], dict]
     }  # fmt: skip
 
 
+TRAIN_STATS = ("approx_kl", "kl_ref", "clip_frac", "entropy")  # per round, from train_round
+
+
 def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
     if args.fresh_suites:
         suite = fresh_suite(p, r, args.scratch)
@@ -189,11 +193,11 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
         items, line = rollout_items(r, model, tok, suite, p, args)
     t0 = time.perf_counter()
     temperature, done = p.rollout.temperature, args.steps_done  # warmup_steps spans rounds
-    stats = train_round(model, items, p.train, opt, tok.pad_token_id,
+    stats = train_round(model, items, p.train, opt, tok.pad_token_id, args.ref,
                         temperature=temperature, steps_before=done)  # fmt: skip
     args.steps_done += int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
     return {"round": r, **line, "train_s": time.perf_counter() - t0,
-            **{k: stats.get(k, 0.0) for k in ("approx_kl", "clip_frac", "entropy")}}  # fmt: skip
+            **{k: stats.get(k, 0.0) for k in TRAIN_STATS}}  # fmt: skip
 
 
 def main() -> None:
@@ -223,6 +227,8 @@ def main() -> None:
     args.steps_done = 0
     atexit.register(shutil.rmtree, args.scratch, ignore_errors=True)
     suite, model, tok = warm_start(p, args.cache, args.warm)
+    # train.kl_coef anchors to the warm start, as tasks/train.py anchors to models/round_00
+    args.ref = copy.deepcopy(model).eval() if p.train.kl_coef > 0 else None
 
     def evaluate(r: int) -> None:
         curve.append({"round": r, **heldout(model, tok, suite, p)})
