@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from rollwise.config import LoraConfig, PolicyConfig, TrainConfig
-from rollwise.train.loss import AGGREGATIONS, Norm, ppo_clip_loss, tis_weights, token_logprobs
+from rollwise.train.loss import (
+    AGGREGATIONS,
+    Norm,
+    kl_k3,
+    ppo_clip_loss,
+    tis_weights,
+    token_logprobs,
+)
 from rollwise.train.optim import apply_lrs, hidden_matrices, make_optimizer
 from rollwise.train.prepare import autocast, prepare
 from rollwise.train.trainer import (
@@ -312,6 +319,60 @@ def test_aggregation_adds_up_over_micro_batches(agg):
 
 
 # ------------------------------------------------------------------------------ TIS
+
+
+def test_kl_k3_by_hand_and_zero_at_the_reference():
+    ref = torch.tensor([[-1.0, -2.0, -0.5]])  # [B, T]
+    logp = torch.tensor([[-1.5, -2.0, -0.1]])  # [B, T]
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # [B, T] the third token is not the policy's
+    norm = Norm(tokens=2.0, seqs=1.0, horizon=3.0)
+    d = torch.tensor([0.5, 0.0])  # ref - logp on the two policy tokens
+    want = float((torch.exp(d) - d - 1).sum() / 2)
+    assert float(kl_k3(logp, ref, mask, norm, "token-mean")) == pytest.approx(want)
+    assert float(kl_k3(ref, ref, mask, norm, "token-mean")) == 0.0
+
+
+def test_kl_k3_is_bounded_for_a_token_the_policy_dropped():
+    """Sampled under the old policy, a token the policy has since pushed down by 100 nats must
+    not swamp the batch (or overflow exp): it counts at most KL_TOKEN_MAX, gradient finite."""
+    ref = torch.tensor([[-1.0, -1.0]])  # [B, T]
+    logp = torch.tensor([[-101.0, -1.2]], requires_grad=True)  # [B, T]
+    mask = torch.ones(1, 2)  # [B, T]
+    kl = kl_k3(logp, ref, mask, Norm(tokens=2.0, seqs=1.0, horizon=2.0), "token-mean")
+    kl.backward()
+    small = math.exp(0.2) - 0.2 - 1
+    assert float(kl.detach()) == pytest.approx((10.0 + small) / 2)
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 1] != 0
+
+
+def test_kl_coef_pulls_the_policy_back_to_the_reference(model_and_pad):
+    """With zero advantages only the KL term moves the weights: toward the reference model."""
+    import copy
+
+    model, pad = model_and_pad
+    ref = copy.deepcopy(model).eval()
+    policy = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    items = [{**it, "adv": [0.0] * len(it["adv"])} for it in synthetic_items([10, 12, 9, 12])]
+
+    def kl_to_ref(m) -> float:
+        ids = torch.tensor([it["ids"] for it in items if len(it["ids"]) == 12])  # [B, T]
+        with torch.no_grad():
+            lp = torch.log_softmax(m(input_ids=ids).logits, -1)  # [B, T, V]
+            lr = torch.log_softmax(ref(input_ids=ids).logits, -1)  # [B, T, V]
+        return float((lp.exp() * (lp - lr)).sum(-1).mean())
+
+    before = kl_to_ref(policy)
+    cfg = TrainConfig(lr=1e-2, epochs=8, kl_coef=1.0)
+    stats = train_round(policy, items, cfg, make_optimizer(policy, cfg), pad, ref)
+    assert stats["kl_ref"] > 0
+    assert kl_to_ref(policy) < 0.9 * before, (before, kl_to_ref(policy))  # 0.78 here
+    unanchored = snapshot(policy)
+    cfg = TrainConfig(lr=1e-2, epochs=1, kl_coef=0.0)
+    train_round(policy, items, cfg, make_optimizer(policy, cfg), pad, ref)
+    assert all(torch.equal(v, unanchored[k]) for k, v in snapshot(policy).items())
 
 
 def test_tis_weights_are_the_capped_ratio_without_gradient():

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+KL_LOG_RATIO_MAX, KL_TOKEN_MAX = 20.0, 10.0  # kl_k3's clamps (verl's low_var_kl)
+
 
 @dataclass(frozen=True)
 class Norm:
@@ -103,6 +105,10 @@ def kl_k3(
     logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, norm: Norm, agg: str
 ) -> torch.Tensor:
     """k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1, aggregated like the
-    policy loss so the KL coefficient means the same thing in every mode."""
-    delta = ref_logp - logp  # [B, T]
-    return AGGREGATIONS[agg](torch.exp(delta) - delta - 1, mask, norm)  # []
+    policy loss so the KL coefficient means the same thing in every mode. Clamped as verl's
+    low_var_kl is (log-ratio to +-20, each token to <= 10): the samples come from the old policy,
+    so a token the policy has since all but dropped gives exp(ref - logp) without bound (one such
+    token made a batch's mean 1e5 in bench/rl_probe.py and drowned the policy loss)."""
+    delta = (ref_logp - logp).clamp(-KL_LOG_RATIO_MAX, KL_LOG_RATIO_MAX)  # [B, T]
+    per_token = (torch.exp(delta) - delta - 1).clamp(max=KL_TOKEN_MAX)  # [B, T] >= 0
+    return AGGREGATIONS[agg](per_token, mask, norm)  # []
