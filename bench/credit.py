@@ -48,6 +48,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
@@ -532,8 +533,7 @@ def main() -> None:
     if not (args.skip_llm_learning or args.only_value):
         base = heldout(model, tok, suite, p, args)
         result["learning_llm"] = learning_panel(folder, suite, p, args, base)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = STARTED_AT
     result = {
         "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": commit,
         "git_dirty": bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,

@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,6 +53,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.curate import success_bank  # noqa: E402
@@ -365,9 +365,7 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
     }  # fmt: skip
     spent = sum(r["curator_verifier_calls"] for r in by_arm["curated"])
     rollout_calls = sum(r["rollout_verifier_calls"] for r in by_arm["curated"])
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = STARTED_AT
     return {
         "command": "python bench/curator.py " + " ".join(sys.argv[1:]),
         "git_commit": commit,

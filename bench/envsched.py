@@ -22,7 +22,6 @@ import argparse
 import copy
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from rl_probe import heldout, warm_start  # noqa: E402
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise import track  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
@@ -349,9 +349,7 @@ def main() -> None:
     summary = summarize(fixed, learn)
     png = args.out.with_suffix(".png")
     plot(summary, fixed, png)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = STARTED_AT
     result = {
         "command": "python bench/envsched.py " + " ".join(sys.argv[1:]),
         "git_commit": commit,

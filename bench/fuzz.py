@@ -14,7 +14,6 @@ import argparse
 import collections
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.envs.bfcl import BFCLEnv  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.policy.chat import parse_action  # noqa: E402
@@ -127,8 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.perf_counter()
     found = fuzz(args.cases, args.seed)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = STARTED_AT
     result = {
         "command": "python bench/fuzz.py " + " ".join(sys.argv[1:]),
         "git_commit": commit,

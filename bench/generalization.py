@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from bench.rl_probe import by_kind, warm_start  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
@@ -96,8 +96,7 @@ def main() -> None:
                 "by_kind": pass_at_k(drawn, "kind"),
             }  # fmt: skip
         print(split, json.dumps(result[split]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = STARTED_AT
     args.out.write_text(json.dumps({
         "command": "python bench/generalization.py " + " ".join(sys.argv[1:]),
         "git_commit": commit,

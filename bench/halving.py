@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,9 @@ from rollwise.evaluate.halving import HalvingKnobs, select
 from rollwise.evaluate.irt import fit_2pl, prob
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.provenance import STARTED_AT  # noqa: E402
+
 OUT = ROOT / "bench" / "results"
 
 
@@ -60,7 +62,6 @@ SFT_STEPS = (25, 50, 75, 100, 125, 150, 175, 200)
 def make_real(folder: Path, seed: int) -> Path:
     """A real pool: one warm-start SFT run (params.yaml's policy and warmstart, suite seed `seed`)
     saved every 25 steps, every checkpoint on every held-out task (the evaluate stage's code)."""
-    sys.path.insert(0, str(ROOT))  # tasks/ is run from the repo root, not installed
     from rollwise.config import load_params
     from rollwise.envs.generate import generate_suite
     from rollwise.envs.runtime import load_suite
@@ -193,16 +194,6 @@ def plot(per_method: dict[str, dict], ablation: dict[str, dict], path: Path) -> 
     plt.close(fig)
 
 
-def git_commit() -> str:
-    """HEAD, marked "+uncommitted" when the tree has changes (or a snapshot has no .git)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                           text=True)  # fmt: skip
-    if head.returncode != 0:
-        return "unknown+uncommitted"
-    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     real = sorted(ROOT.glob(".rollwise/bench/**/seed_*/data/eval/matrix.parquet"))
@@ -244,7 +235,7 @@ def main() -> None:
         ]
     }  # fmt: skip
     plot(per_method, ablation, OUT / "halving.png")
-    commit = git_commit()
+    commit = STARTED_AT
     result = {
         "command": " ".join(["python bench/halving.py", *sys.argv[1:]]),
         "git_commit": commit,

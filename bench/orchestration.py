@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "orchestration.json"
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from tests import servers  # noqa: E402
 
 # Small enough to repeat, big enough that stage compute (not start-up) dominates, as in real use.
@@ -159,8 +160,7 @@ def main() -> None:
     finally:
         servers.stop(prefect)
     ratio = statistics.median(r["flow_s"] / r["inprocess_s"] for r in rows)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = STARTED_AT
     result = {
         "command": "python bench/orchestration.py " + " ".join(sys.argv[1:]),
         "git_commit": commit,

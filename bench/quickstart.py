@@ -23,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from flows.summary import read_metrics, stage_walls  # noqa: E402
 from rollwise.config import dump_for_dvc  # noqa: E402
 
@@ -97,9 +98,7 @@ def main() -> None:
         runs.append(run_seed(seed, args.work))
         print(json.dumps(runs[-1]), flush=True)
     stage_names = runs[0]["stage_wall_s"].keys()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = STARTED_AT
     result = {
         "command": "make bench  # .venv/bin/python bench/quickstart.py --seeds "
         + " ".join(map(str, args.seeds)),

@@ -23,7 +23,6 @@ import copy
 import json
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
@@ -254,8 +254,7 @@ def main() -> None:
     if args.save:
         save_policy(model, tok, args.save)
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()  # fmt: skip
+        commit = STARTED_AT
         args.out.write_text(json.dumps({
             "command": "python bench/rl_probe.py " + " ".join(sys.argv[1:]), "git_commit": commit,
             "heldout_gain_pts": 100 * (curve[-1]["success"] - curve[0]["success"]),

@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "rollout.json"
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig, PolicyConfig, WarmstartConfig  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
@@ -148,8 +148,7 @@ def main() -> None:
         sequential_s, sequential = sequential_run(suite, tok, model)
     engine_s = statistics.median(r["engine_s"] for r in rows)
     tokens = rows[0]["generated_tokens"]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = STARTED_AT
     result = {
         "command": " ".join(["python bench/rollout.py", *sys.argv[1:]]),
         "git_commit": commit,

@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig, read_raw, validate  # noqa: E402
 from rollwise.envs.generate import KINDS, generate_suite  # noqa: E402
 from rollwise.envs.runtime import Suite, load_suite  # noqa: E402
@@ -148,11 +148,6 @@ def verdict(diverse: dict, volume: dict, by_seed: list[float]) -> str:
     return "no winner at this scale: the difference is within noise (overlapping 95% intervals)"
 
 
-def git_commit(fallback: str) -> str:
-    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return found.stdout.strip() if found.returncode == 0 else fallback
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arms", nargs="+", default=["4x60", "12x20", "24x10"])
@@ -172,7 +167,7 @@ def main() -> None:
     knobs = {k: v for k, v in knobs.items() if v is not None}
     p = p.model_copy(update={"warmstart": p.warmstart.model_copy(update=knobs)})
     result: dict = {"command": "python bench/synthapi.py " + " ".join(sys.argv[1:])}
-    result["git_commit"] = git_commit(args.git_commit)
+    result["git_commit"] = args.git_commit if STARTED_AT == "unknown" else STARTED_AT
     if not args.skip_speed:
         big = {"n_envs": 1000, "tasks_per_env": 50, "heldout_envs": 20}
         diverse_s, diverse_counts = timed_generation(EnvsConfig(**{**DIVERSE, **big}))

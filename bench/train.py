@@ -15,7 +15,6 @@ import argparse
 import copy
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import PolicyConfig, TrainConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.policy.build import build_model, train_tokenizer  # noqa: E402
 from rollwise.train.loss import token_logprobs  # noqa: E402
@@ -160,9 +160,7 @@ def main() -> None:
     if args.rounds:
         result["heldout_adamw_vs_muon"] = heldout_adamw_vs_muon(args.rounds, args.cache)
     result["command"] = "python bench/train.py " + " ".join(sys.argv[1:])
-    result["git_commit"] = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    result["git_commit"] = STARTED_AT
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("train_vs_raw_fwd_bwd_ratio", "peak_rss_mb")}))
