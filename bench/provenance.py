@@ -6,7 +6,6 @@ with uncommitted changes is marked `+uncommitted`."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,11 +19,6 @@ def git_commit(fallback: str = "unknown") -> str:
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()  # fmt: skip
     return head.stdout.strip() + ("+uncommitted" if dirty else "")
-
-
-def command(script: str) -> str:
-    """The command line that reproduces this run: `python bench/<script> <its arguments>`."""
-    return " ".join([f"python bench/{script}", *sys.argv[1:]])
 
 
 STARTED_AT = git_commit()  # the code this bench runs
