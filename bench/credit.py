@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -533,11 +532,9 @@ def main() -> None:
     if not (args.skip_llm_learning or args.only_value):
         base = heldout(model, tok, suite, p, args)
         result["learning_llm"] = learning_panel(folder, suite, p, args, base)
-    commit = STARTED_AT
     result = {
-        "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": commit,
-        "git_dirty": bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
-                                         capture_output=True, text=True).stdout.strip()),
+        "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": STARTED_AT,
+        "git_dirty": STARTED_AT.endswith("+uncommitted"),
         **headline(result),
         "setup_s": setup_s, "wall_s": time.perf_counter() - t0, "overrides": overrides,
         "warm_start": str(args.warm_start or "built"),

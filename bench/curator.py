@@ -365,10 +365,9 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
     }  # fmt: skip
     spent = sum(r["curator_verifier_calls"] for r in by_arm["curated"])
     rollout_calls = sum(r["rollout_verifier_calls"] for r in by_arm["curated"])
-    commit = STARTED_AT
     return {
         "command": "python bench/curator.py " + " ".join(sys.argv[1:]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "seeds": args.seeds,
         "rounds": args.rounds,
         "tasks_per_round": args.tasks,

@@ -349,10 +349,9 @@ def main() -> None:
     summary = summarize(fixed, learn)
     png = args.out.with_suffix(".png")
     plot(summary, fixed, png)
-    commit = STARTED_AT
     result = {
         "command": "python bench/envsched.py " + " ".join(sys.argv[1:]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "seeds": args.seeds,
         "rounds": args.rounds,
         "groups_per_round": p.schedule.tasks_per_round,

@@ -127,10 +127,9 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.perf_counter()
     found = fuzz(args.cases, args.seed)
-    commit = STARTED_AT
     result = {
         "command": "python bench/fuzz.py " + " ".join(sys.argv[1:]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "cases": args.cases,
         "crashes": len(found["crashes"]),
         "target": {"crashes": 0},

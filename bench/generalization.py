@@ -96,10 +96,9 @@ def main() -> None:
                 "by_kind": pass_at_k(drawn, "kind"),
             }  # fmt: skip
         print(split, json.dumps(result[split]), flush=True)
-    commit = STARTED_AT
     args.out.write_text(json.dumps({
         "command": "python bench/generalization.py " + " ".join(sys.argv[1:]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "train_minus_heldout_seen_env_pts": 100 * (
             result["train"]["success"] - result["heldout"]["by_env"].get("seen_env", 0.0)
         ),

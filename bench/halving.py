@@ -235,10 +235,9 @@ def main() -> None:
         ]
     }  # fmt: skip
     plot(per_method, ablation, OUT / "halving.png")
-    commit = STARTED_AT
     result = {
         "command": " ".join(["python bench/halving.py", *sys.argv[1:]]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "cells_fraction": per_method["halving"]["cells_fraction"],
         "cells_fraction_max": per_method["halving"]["cells_fraction_max"],
         "winner_agreement": per_method["halving"]["winner_agreement"],

@@ -160,10 +160,9 @@ def main() -> None:
     finally:
         servers.stop(prefect)
     ratio = statistics.median(r["flow_s"] / r["inprocess_s"] for r in rows)
-    commit = STARTED_AT
     result = {
         "command": "python bench/orchestration.py " + " ".join(sys.argv[1:]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "config": CONFIG,
         "flow_vs_inprocess_ratio": ratio,
         "noop_repro_s": statistics.median(r["noop_repro_s"] for r in rows),

@@ -98,11 +98,10 @@ def main() -> None:
         runs.append(run_seed(seed, args.work))
         print(json.dumps(runs[-1]), flush=True)
     stage_names = runs[0]["stage_wall_s"].keys()
-    commit = STARTED_AT
     result = {
         "command": "make bench  # .venv/bin/python bench/quickstart.py --seeds "
         + " ".join(map(str, args.seeds)),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "seeds": args.seeds,
         "wall_s_median": statistics.median(r["wall_s"] for r in runs),
         "heldout_gain_pts_median": statistics.median(r["heldout_gain_pts"] for r in runs),

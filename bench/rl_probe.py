@@ -254,9 +254,9 @@ def main() -> None:
     if args.save:
         save_policy(model, tok, args.save)
     if args.out:
-        commit = STARTED_AT
         args.out.write_text(json.dumps({
-            "command": "python bench/rl_probe.py " + " ".join(sys.argv[1:]), "git_commit": commit,
+            "command": "python bench/rl_probe.py " + " ".join(sys.argv[1:]),
+            "git_commit": STARTED_AT,
             "heldout_gain_pts": 100 * (curve[-1]["success"] - curve[0]["success"]),
             "heldout_curve": curve, "rounds": rounds,
         }, indent=1) + "\n")  # fmt: skip

@@ -148,10 +148,9 @@ def main() -> None:
         sequential_s, sequential = sequential_run(suite, tok, model)
     engine_s = statistics.median(r["engine_s"] for r in rows)
     tokens = rows[0]["generated_tokens"]
-    commit = STARTED_AT
     result = {
         "command": " ".join(["python bench/rollout.py", *sys.argv[1:]]),
-        "git_commit": commit,
+        "git_commit": STARTED_AT,
         "engine_vs_raw_generate_ratio": statistics.median(
             r["engine_vs_raw_generate_ratio"] for r in rows
         ),
