@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report  # noqa: E402
 from rollwise.credit.gigpo import combine, step_returns  # noqa: E402
@@ -64,7 +64,7 @@ from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout import engine  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
-from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
 from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
 
@@ -364,7 +364,7 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
     """`--rounds` rounds of rollout -> credit -> PPO from the warm start; held-out at the end."""
     model, tok = load_policy(folder)
     torch.manual_seed(seed)
-    opt = make_optimizer(model, p.train)
+    opt, ref = make_optimizer(model, p.train), kl_anchor(model, p.train)
     g = 1 if method in SINGLE_STREAM else p.rollout.samples_per_task
     cfg = p.credit.model_copy(update={"method": method})
     tracker, drift, rounds = empty_tracker(), {0: 0.0}, []
@@ -373,11 +373,12 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
         n_tasks = args.tasks * p.rollout.samples_per_task // g  # equal episodes per round
         picked = random.Random(seed * 1000 + r).sample(pool, min(n_tasks, len(pool)))
         episodes, steps = sample(model, tok, suite, p, picked, g, seed * 1000 + r, f"{seed}/{r}")
-        episodes = attach(episodes.assign(policy_version=r - 1), tracker, drift)
+        episodes = trained_reward(episodes.assign(policy_version=r - 1), cfg.reward)
+        episodes = attach(episodes, tracker, drift)
         adv = ESTIMATORS[method](episodes, steps, cfg)
         tracker = next_tracker(episodes, tracker, cfg)
         stats = train_round(model, training_batch(episodes, adv), p.train, opt, tok.pad_token_id,
-                            temperature=p.rollout.temperature)  # fmt: skip
+                            ref, temperature=p.rollout.temperature)  # fmt: skip
         drift = next_drift(drift, r, r - 1, float(stats.get("approx_kl", 0.0)))
         rounds.append({"round": r, "episodes": len(episodes),
                        "sample_success": float(episodes["success"].mean()),

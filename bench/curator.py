@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.curate import success_bank  # noqa: E402
 from rollwise.curate.attribution import attribute  # noqa: E402
 from rollwise.curate.filters import decide, weighted_advantages  # noqa: E402
@@ -67,7 +67,7 @@ from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
-from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
 from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS  # noqa: E402
 
@@ -137,7 +137,7 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
     """Rounds of rollout -> (curate) -> GRPO -> PPO from the warm start; held-out at the end."""
     model, tok = load_policy(model_dir)
     torch.manual_seed(seed)
-    opt = make_optimizer(model, p.train)
+    opt, ref = make_optimizer(model, p.train), kl_anchor(model, p.train)
     cur = None if ARMS[arm] is None else p.curate.model_copy(update=ARMS[arm])
     judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
     bank, demonstrated, too_long, replayed = None, 0, 0, 0
@@ -191,7 +191,7 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
                 kept = pd.concat([kept, pos], ignore_index=True)
                 steps = pd.concat([steps, success_bank.positive_steps(pos)], ignore_index=True)
                 replayed += len(pos)
-        adv = ESTIMATORS["grpo"](kept, steps, p.credit)
+        adv = ESTIMATORS["grpo"](trained_reward(kept, p.credit.reward), steps, p.credit)
         if decisions is not None:
             adv = weighted_advantages(adv, decisions)
         train_round(
@@ -200,6 +200,7 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
             p.train,
             opt,
             tok.pad_token_id,
+            ref,
             temperature=p.rollout.temperature,
         )
     return {

@@ -41,7 +41,7 @@ from rl_probe import heldout, warm_start  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise import track  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS  # noqa: E402
+from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.schedule import SCHEDULERS  # noqa: E402
@@ -61,9 +61,10 @@ DEFAULTS = {
 }
 
 
-def one_round(model, tok, suite, p, method: str, history, r: int, seed: int, opt=None):
-    """Plan, roll out (batch by batch for DAPO), and train when `opt` is given. Returns the
-    round's figures and the history extended with every group run."""
+def one_round(model, tok, suite, p, method: str, history, r: int, seed: int, opt=None, ref=None):
+    """Plan, roll out (batch by batch for DAPO), and train when `opt` is given (`ref`: the KL
+    anchor train.kl_coef reads). Returns the round's figures and the history extended with every
+    group run."""
     cfg = p.rollout
     budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, seed * 1000 + r)
     knobs = getattr(p.schedule, method, None)
@@ -102,13 +103,15 @@ def one_round(model, tok, suite, p, method: str, history, r: int, seed: int, opt
         t0 = time.perf_counter()
         kept_steps = pd.DataFrame(steps)
         kept_steps = kept_steps[kept_steps["episode_id"].isin(kept["episode_id"])]
-        adv = ESTIMATORS[p.credit.method](kept.assign(round=r), kept_steps, p.credit)
+        trained = trained_reward(kept.assign(round=r), p.credit.reward)
+        adv = ESTIMATORS[p.credit.method](trained, kept_steps, p.credit)
         train_round(
             model,
             training_batch(kept, adv),
             p.train,
             opt,
             tok.pad_token_id,
+            ref,
             temperature=cfg.temperature,
         )
         train_s = time.perf_counter() - t0
@@ -142,7 +145,7 @@ def run_arm(arm: str, seed: int, p, suite, warm, args, base: dict) -> tuple:
     frozen, tok = warm
     model = copy.deepcopy(frozen)  # trained; `frozen` never is
     opt = make_optimizer(model, p.train)
-    first, history = one_round(model, tok, suite, p, arm, None, 1, seed, opt)
+    first, history = one_round(model, tok, suite, p, arm, None, 1, seed, opt, frozen)
     fixed, fixed_history = [first], history
     for r in range(2, args.fixed_rounds + 1):
         rec, fixed_history = one_round(frozen, tok, suite, p, arm, fixed_history, r, seed)
@@ -151,7 +154,7 @@ def run_arm(arm: str, seed: int, p, suite, warm, args, base: dict) -> tuple:
     curve = [{"round": 0, "rollouts": 0, "success": base["success"]}]
     for r in range(1, args.rounds + 1):
         if r > 1:
-            rec, history = one_round(model, tok, suite, p, arm, history, r, seed, opt)
+            rec, history = one_round(model, tok, suite, p, arm, history, r, seed, opt, frozen)
             learn.append(rec)
             spent += rec["rollouts"]
         curve.append(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import copy
 import json
 import random
 import shutil
@@ -49,6 +48,7 @@ from rollwise.schedule import SCHEDULERS  # noqa: E402
 from rollwise.schedule.plan import Budget  # noqa: E402
 from rollwise.train.sft import oracle_sequence  # noqa: E402
 from rollwise.train.trainer import (  # noqa: E402
+    kl_anchor,
     make_optimizer,
     policy_logprobs,
     train_round,
@@ -167,7 +167,7 @@ def rollout_items(r: int, model, tok, suite, p, args) -> tuple[list[dict], dict]
         "success": success,
         "progress": 0.5 * success + 0.5 * oracle_progress(episodes, pd.DataFrame(steps), suite),
     }
-    scored = episodes.assign(reward=rewards[args.reward])
+    scored = episodes.assign(reward=rewards[args.reward or p.credit.reward])
     adv = ESTIMATORS[p.credit.method](scored, pd.DataFrame(steps), p.credit)
     negative = adv["advantage"] < 0
     adv.loc[negative, "advantage"] *= args.negative_scale
@@ -203,7 +203,8 @@ def rl_round(r: int, model, tok, suite, p, opt, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
-    parser.add_argument("--reward", choices=["rubric", "success", "progress"], default="rubric")
+    parser.add_argument("--reward", choices=["rubric", "success", "progress"], default=None,
+                        help="default: params' credit.reward")  # fmt: skip
     parser.add_argument("--negative-scale", type=float, default=1.0)
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
@@ -227,8 +228,7 @@ def main() -> None:
     args.steps_done = 0
     atexit.register(shutil.rmtree, args.scratch, ignore_errors=True)
     suite, model, tok = warm_start(p, args.cache, args.warm)
-    # train.kl_coef anchors to the warm start, as tasks/train.py anchors to models/round_00
-    args.ref = copy.deepcopy(model).eval() if p.train.kl_coef > 0 else None
+    args.ref = kl_anchor(model, p.train)
 
     def evaluate(r: int) -> None:
         curve.append({"round": r, **heldout(model, tok, suite, p)})

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from rollwise.config import Params
-from rollwise.credit import ESTIMATORS
+from rollwise.credit import ESTIMATORS, trained_reward
 from rollwise.credit.tracker import attach, from_json, next_drift, next_tracker, to_json
 from rollwise.curate import success_bank
 from rollwise.curate.filters import weighted_advantages
@@ -86,7 +86,7 @@ def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, di
 
 def run(params: Params, root: Path, r: str) -> dict:
     tracker, drift = previous_state(params, root, r)
-    episodes = attach(kept_episodes(root, r), tracker, drift)
+    episodes = attach(trained_reward(kept_episodes(root, r), params.credit.reward), tracker, drift)
     replayed = episodes["episode_id"].str.startswith(success_bank.REPLAY_PREFIX)
     decisions = decisions_of(root, r)
     advantages = ESTIMATORS[params.credit.method](episodes, round_steps(root, r), params.credit)

@@ -533,6 +533,27 @@ def test_stage_scales_advantages_by_the_decision_weight(tmp_path: Path):
     }
 
 
+def test_stage_trains_on_success_when_asked(tmp_path: Path):
+    """Rubric partial credit (0.6 for a failed episode) separates a group that success does
+    not: with `credit.reward: success` the all-failed group gives zeros, the rubric does not."""
+    from tasks.warmstart import initial_credit_state
+
+    rows = [episode(f"a{i}", "a", r, [[3, 6]], success=False) for i, r in enumerate([0.6, 0.0])]
+    write_round(tmp_path, "01", pd.DataFrame(rows),
+                pd.DataFrame([call(f"a{i}", 0, 3, "s0", "s1", "get", {"id": 1}, {})
+                              for i in range(2)]))  # fmt: skip
+    initial_credit_state(tmp_path)
+    rubric, _ = stage_advantages(tmp_path, validate({"rounds": rounds_dict(1)}))
+    success, state = stage_advantages(
+        tmp_path, validate({"credit": {"reward": "success"}, "rounds": rounds_dict(1)})
+    )
+    assert rubric["a0"] == pytest.approx(1.0, abs=1e-4) == -rubric["a1"]  # (0.6 - 0.3) / 0.3
+    assert success == {"a0": 0.0, "a1": 0.0}
+    assert state["tracker"]["a"][:2] == pytest.approx([1.0, 3.0])  # prior (1, 1) + two failures
+    with pytest.raises(ParamsError, match=r"credit\.reward"):
+        validate({"credit": {"reward": "progress"}})
+
+
 def test_stage_replays_positives_into_credit_and_the_training_batch(tmp_path: Path):
     from rollwise.curate import success_bank
     from rollwise.train.trainer import training_batch

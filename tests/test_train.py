@@ -20,6 +20,7 @@ from rollwise.train.loss import (
 from rollwise.train.optim import apply_lrs, hidden_matrices, make_optimizer
 from rollwise.train.prepare import autocast, prepare
 from rollwise.train.trainer import (
+    kl_anchor,
     load_state,
     policy_logprobs,
     save_state,
@@ -373,6 +374,18 @@ def test_kl_coef_pulls_the_policy_back_to_the_reference(model_and_pad):
     cfg = TrainConfig(lr=1e-2, epochs=1, kl_coef=0.0)
     train_round(policy, items, cfg, make_optimizer(policy, cfg), pad, ref)
     assert all(torch.equal(v, unanchored[k]) for k, v in snapshot(policy).items())
+
+
+def test_kl_coef_without_a_reference_is_refused(model_and_pad):
+    """A bench or caller that forgets the anchor must not train silently without the KL term."""
+    model, pad = model_and_pad
+    cfg = TrainConfig(kl_coef=0.2)
+    with pytest.raises(ValueError, match=r"train\.kl_coef"):
+        train_round(model, synthetic_items([10]), cfg, make_optimizer(model, cfg), pad)
+    anchor = kl_anchor(model, cfg)
+    assert anchor is not model and not anchor.training
+    assert all(torch.equal(v, snapshot(model)[k]) for k, v in snapshot(anchor).items())
+    assert kl_anchor(model, TrainConfig(kl_coef=0.0)) is None
 
 
 def test_tis_weights_are_the_capped_ratio_without_gradient():

@@ -254,6 +254,7 @@ class SPOConfig(Section):
 
 class CreditConfig(Section):
     method: Literal["grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp"] = "grpo"
+    reward: Literal["rubric", "success"] = "rubric"  # what the estimator sees as the reward
     std_norm: bool = True  # False gives Dr.GRPO's unscaled advantages (grpo, iapo)
     eps: float = Field(1e-6, gt=0)
     gigpo: GiGPOConfig = GiGPOConfig()  # gigpo and concal

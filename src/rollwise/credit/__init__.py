@@ -3,7 +3,13 @@
 Every estimator has one signature, `(episodes, steps, cfg) -> advantages` (one row per episode
 turn: episode_id, step, advantage, span_start, span_end; cfg is params' `credit` section), and is
 dispatched only from here. spo and spo_pp read their task's tracker state from prior_* columns
-(credit/tracker.py attach); without them every task is new."""
+(credit/tracker.py attach); without them every task is new.
+
+`credit.reward` picks what the estimators see as an episode's reward (TRAINED_REWARDS): the
+rubric's weighted partial credit, or task success alone (the RL probe learned more from success
+at the same budget: README "Where it stands")."""
+
+import pandas as pd
 
 from rollwise.credit.concal import concal
 from rollwise.credit.gigpo import gigpo
@@ -12,6 +18,17 @@ from rollwise.credit.iapo import iapo
 from rollwise.credit.rloo import rloo
 from rollwise.credit.spo import spo
 from rollwise.credit.spo_pp import spo_pp
+
+TRAINED_REWARDS = {
+    "rubric": lambda episodes: episodes["reward"].astype(float),
+    "success": lambda episodes: episodes["success"].astype(float),
+}
+
+
+def trained_reward(episodes: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The episodes with `reward` replaced by the reward credit assignment trains on."""
+    return episodes.assign(reward=TRAINED_REWARDS[kind](episodes))
+
 
 ESTIMATORS = {
     "grpo": grpo,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -127,6 +128,12 @@ def policy_logprobs(model, items: list[dict], cfg, pad_id: int, temperature: flo
     return out
 
 
+def kl_anchor(model, cfg):
+    """A frozen copy of the starting policy for train.kl_coef > 0 (the benches' stand-in for
+    models/round_00, which tasks/train.py loads), else None."""
+    return copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
+
+
 def train_round(
     model,
     items: list[dict],
@@ -146,6 +153,8 @@ def train_round(
     policy exactly (as verl does). With cfg.tis_cap set, the old policy is recomputed by the
     trainer before the first step (items gain "old"; a resumed round must pass them back) and
     each token's loss is weighted by min(pi_old / pi_rollout, tis_cap)."""
+    if cfg.kl_coef > 0 and ref_model is None:
+        raise ValueError("train.kl_coef > 0 needs the reference policy (ref_model) it anchors to")
     if not items:
         return {"skipped": 1.0, "episodes": 0.0}
     model.train()
