@@ -75,10 +75,13 @@ def warm_start(p, cache: Path, given: Path | None = None):
         + (f"_b{w.batch_size}" if w.batch_size != 32 else "")
         + (f"_muon{w.muon_lr}" if w.optimizer == "muon" else "")
         + (f"_wd{w.weight_decay}" if w.weight_decay else "")
+        + (f"_stop{w.stop_at_success}_{w.check_every}_{w.check_tasks}" if w.stop_at_success else "")
     )
     if ck.exists():
         return suite, *load_policy(ck)
-    model, tok, _, _ = sft_warm_start(p, suite)
+    checks: list[dict] = []
+    model, tok, losses, _ = sft_warm_start(p, suite, checks=checks)
+    print(json.dumps({"sft_steps": len(losses), "checks": checks}), flush=True)
     save_policy(model, tok, ck)
     return suite, model, tok
 
@@ -146,7 +149,7 @@ def rollout_items(r: int, model, tok, suite, p, args) -> tuple[list[dict], dict]
     """One round's sampled episodes, scored and credited: (training items, round figures)."""
     cfg = p.rollout
     # No history and one batch: static schedulers only (bench/envsched.py runs them all properly).
-    plan_seed = 0 if args.fixed_tasks else r  # --fixed-tasks: the same tasks every round
+    plan_seed = (0 if args.fixed_tasks else r) + 1000 * args.seed  # --fixed-tasks: same tasks
     budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, plan_seed)
     plan = SCHEDULERS[p.schedule.method](
         suite.catalog, None, budget, getattr(p.schedule, p.schedule.method, None)
@@ -154,10 +157,12 @@ def rollout_items(r: int, model, tok, suite, p, args) -> tuple[list[dict], dict]
     plan = plan[plan["batch"] == 0]
     specs = [
         EpisodeSpec(f"r{r}/{tid}/s{k}", suite.tasks[tid],
-                    clone_env(suite.envs[suite.tasks[tid].env_id]), group=tid, sample=k, seed=k)
+                    clone_env(suite.envs[suite.tasks[tid].env_id]), group=tid, sample=k,
+                    seed=k + 1000 * args.seed)
         for tid in plan["task_id"] for k in range(cfg.samples_per_task)
     ]  # fmt: skip
-    limits = Limits(max_context=p.policy.max_context, temperature=cfg.temperature, seed=r)
+    limits = Limits(max_context=p.policy.max_context, temperature=cfg.temperature,
+                    seed=r + 1000 * args.seed)  # fmt: skip
     t0 = time.perf_counter()
     episodes, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
     episodes = pd.DataFrame(episodes)
@@ -207,6 +212,7 @@ def main() -> None:
                         help="default: params' credit.reward")  # fmt: skip
     parser.add_argument("--negative-scale", type=float, default=1.0)
     parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0, help="offsets plan and sampling seeds")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "probe")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--train-eval", action="store_true", help="greedy success on train too")

@@ -38,9 +38,12 @@ def run(params: Params, root: Path) -> dict:
         if step % 25 == 0 or step == params.warmstart.steps - 1:
             report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
 
-    model, tokenizer, losses, n_demos = sft_warm_start(params, suite, progress)
+    checks: list[dict] = []
+    model, tokenizer, losses, n_demos = sft_warm_start(params, suite, progress, checks)
     n_params = sum(p.numel() for p in model.parameters())
     log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {n_demos} demos")
+    for c in checks:
+        log("warmstart", f"step {c['step']}: validation success {c['validation_success']:.3f}")
     with atomic_dir(model_dir(root, "00")) as out:
         save_policy(
             model, tokenizer, out, {"built_from": "policy params", "sft_steps": len(losses)}
@@ -49,6 +52,8 @@ def run(params: Params, root: Path) -> dict:
         "params_m": n_params / 1e6,
         "sft_final_loss": losses[-1] if losses else 0.0,
         "demos": n_demos,
+        "sft_steps": len(losses),
+        **({"validation_success": checks[-1]["validation_success"]} if checks else {}),
     }
 
 

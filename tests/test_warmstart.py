@@ -9,7 +9,7 @@ from rollwise.config import validate
 from rollwise.envs.generate import generate_suite
 from rollwise.envs.runtime import load_suite
 from rollwise.train.sft import oracle_sequence
-from rollwise.train.warmstart import augment_suites, suite_tokenizer
+from rollwise.train.warmstart import augment_suites, sft_warm_start, suite_tokenizer
 
 SMALL = {"n_envs": 3, "tasks_per_env": 6, "heldout_envs": 1}
 
@@ -40,3 +40,29 @@ def test_no_augmentation_by_default_and_none_for_a_custom_suite(tmp_path):
                        "warmstart": {"augment_suites": 1}})  # fmt: skip
     with pytest.raises(ValueError, match="augment_suites"):
         augment_suites(custom, tmp_path)
+
+
+def test_stop_at_success_checks_a_fresh_validation_suite(tmp_path):
+    """warmstart.stop_at_success: every check_every steps a greedy check on tasks of a suite
+    neither trained on nor evaluated; a target never reached runs every step, one reached at the
+    first check stops there (a barely trained policy succeeds on no task: 0 >= 0.0 is reached,
+    so the Field floor is bypassed with model_copy to pin the stopping rule itself)."""
+    params = validate({"envs": SMALL, "policy": {"hidden": 32, "intermediate": 64},
+                       "warmstart": {"steps": 4, "batch_size": 4, "stop_at_success": 1.0,
+                                     "check_every": 2, "check_tasks": 3}})  # fmt: skip
+    generate_suite(params.envs, tmp_path / "main")
+    main = load_suite(tmp_path / "main")
+    checks: list[dict] = []
+    _, tok, losses, _ = sft_warm_start(params, main, checks=checks)
+    assert len(losses) == 4
+    assert [c["step"] for c in checks] == [2, 4]
+    assert all(0.0 <= c["validation_success"] < 1.0 for c in checks)
+    early = params.model_copy(
+        update={"warmstart": params.warmstart.model_copy(update={"stop_at_success": 0.0})}
+    )
+    checks = []
+    _, _, losses, _ = sft_warm_start(early, main, checks=checks)
+    assert len(losses) == 2 and [c["step"] for c in checks] == [2]
+    with pytest.raises(ValueError, match="stop_at_success"):
+        sft_warm_start(validate({"envs": {"custom": "examples.notes_env:make_env"},
+                                 "warmstart": {"stop_at_success": 0.5}}), main)  # fmt: skip

@@ -106,6 +106,13 @@ class WarmstartConfig(Section):
     optimizer: Literal["adamw", "muon"] = "adamw"
     muon_lr: float = Field(0.02, gt=0)
     weight_decay: float = Field(0.0, ge=0)  # decoupled, on every weight
+    # Stop once greedy success on a validation suite (fresh databases, never trained on or
+    # evaluated) reaches this, checked every check_every steps on check_tasks tasks; `steps` is
+    # then the most SFT may take. Where copying starts within `steps` differs between machines
+    # (README: Where it stands), so a fixed count can land on either side; null: run all steps
+    stop_at_success: float | None = Field(None, gt=0, le=1)
+    check_every: int = Field(50, ge=1)
+    check_tasks: int = Field(64, ge=1)
 
 
 class EnvSchedConfig(Section):

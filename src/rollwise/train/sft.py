@@ -77,9 +77,11 @@ def sft(
     cfg,
     pad_id: int,
     on_step: Callable[[int, float], None] | None = None,
+    stop: Callable[[int], bool] | None = None,
 ) -> list[float]:
-    """Masked next-token cross-entropy, AdamW (or Muon + AdamW) with warmup and cosine decay;
-    returns losses."""
+    """Masked next-token cross-entropy, AdamW (or Muon + AdamW) with warmup and cosine decay
+    over cfg.steps; returns losses. `stop(step)` after a step ends training early when true (the
+    warm start's check of validation success); it may put the model in eval mode."""
     if cfg.steps == 0:  # steps: 0 is "no warm start": the built model as it is
         model.eval()
         return []
@@ -106,5 +108,8 @@ def sft(
         losses.append(loss.item())
         if on_step:
             on_step(step, loss.item())
+        if stop is not None and stop(step):
+            break
+        model.train()
     model.eval()
     return losses

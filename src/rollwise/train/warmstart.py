@@ -13,24 +13,57 @@ from rollwise.envs.runtime import Suite, load_suite
 
 
 def sft_warm_start(
-    params: Params, suite: Suite, on_step: Callable[[int, float], None] | None = None
+    params: Params,
+    suite: Suite,
+    on_step: Callable[[int, float], None] | None = None,
+    checks: list[dict] | None = None,
 ) -> tuple:
     """(model, tokenizer, losses, demos): a tokenizer and tiny Qwen2 built from `suite` and its
-    augment suites, SFT on their train oracles; `on_step(step, loss)` reports progress."""
+    augment suites, SFT on their train oracles; `on_step(step, loss)` reports progress. With
+    warmstart.stop_at_success, each validation check is appended to `checks`."""
     from rollwise.policy.build import build_model
     from rollwise.train.sft import oracle_sequence, sft
 
+    w = params.warmstart
     with tempfile.TemporaryDirectory() as scratch:
         demo_suites = [suite, *augment_suites(params, Path(scratch))]
-        tokenizer = suite_tokenizer(*demo_suites)
+        validation = None
+        if w.stop_at_success is not None:  # its words are tokens too, as held-out tasks' are
+            validation = fresh_suite(params, Path(scratch) / "validation", w.augment_suites + 1)
+        tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []))
         model = build_model(tokenizer, params.policy)
         train = [
             oracle_sequence(t, s.envs[t.env_id], tokenizer)
             for s in demo_suites
             for t in s.split("train")
         ]
-    losses = sft(model, train, params.warmstart, tokenizer.pad_token_id, on_step=on_step)
+        stop = None
+        if validation is not None:
+            stop = success_check(model, tokenizer, validation, params, checks)
+        losses = sft(model, train, w, tokenizer.pad_token_id, on_step, stop)
     return model, tokenizer, losses, len(train)
+
+
+def success_check(model, tokenizer, suite: Suite, params: Params, checks: list[dict] | None):
+    """stop(step) for sft: every check_every steps, greedy success on check_tasks of `suite`;
+    true once it reaches stop_at_success."""
+    from rollwise.evaluate.full import evaluate_policy, evaluation_tasks
+    from rollwise.policy.hf import HFBackend
+    from rollwise.rollout.engine import Limits
+
+    w = params.warmstart
+    tasks = evaluation_tasks(suite, "train", w.check_tasks)
+    limits = Limits(max_context=params.policy.max_context, greedy=True)
+    checks = [] if checks is None else checks
+
+    def stop(step: int) -> bool:
+        if (step + 1) % w.check_every:
+            return False
+        episodes = evaluate_policy(HFBackend(model, tokenizer), tokenizer, suite, tasks, limits)
+        checks.append({"step": step + 1, "validation_success": float(episodes["success"].mean())})
+        return checks[-1]["validation_success"] >= w.stop_at_success
+
+    return stop
 
 
 def augment_suites(params: Params, scratch: Path) -> list[Suite]:
@@ -39,19 +72,24 @@ def augment_suites(params: Params, scratch: Path) -> list[Suite]:
     its demos' answers instead of reading the observations (bench/results/generalization.json:
     54% train vs 18% held-out tasks of the same environments). The evaluation's environments and
     held-out tasks are untouched: these are other environments."""
-    from rollwise.envs.generate import generate_suite
-
     if params.envs.custom and params.warmstart.augment_suites:
         raise ValueError("warmstart.augment_suites needs the synthetic suite (envs.custom is set)")
-    suites = []
-    for k in range(1, params.warmstart.augment_suites + 1):
-        cfg = params.envs.model_copy(
-            update={"seed": params.envs.seed + 7919 * k, "heldout_envs": 0,
-                    "heldout_task_frac": 0.0, "faults": FaultsConfig()}
-        )  # fmt: skip
-        generate_suite(cfg, scratch / f"augment_{k}")
-        suites.append(load_suite(scratch / f"augment_{k}"))
-    return suites
+    n = params.warmstart.augment_suites
+    return [fresh_suite(params, scratch / f"augment_{k}", k) for k in range(1, n + 1)]
+
+
+def fresh_suite(params: Params, folder: Path, k: int) -> Suite:
+    """The k-th suite of the generator at another seed: all tasks in train, no faults."""
+    from rollwise.envs.generate import generate_suite
+
+    if params.envs.custom:
+        raise ValueError("warmstart.stop_at_success needs the synthetic suite (envs.custom is set)")
+    cfg = params.envs.model_copy(
+        update={"seed": params.envs.seed + 7919 * k, "heldout_envs": 0,
+                "heldout_task_frac": 0.0, "faults": FaultsConfig()}
+    )  # fmt: skip
+    generate_suite(cfg, folder)
+    return load_suite(folder)
 
 
 def suite_tokenizer(*suites: Suite):
