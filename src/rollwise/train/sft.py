@@ -81,7 +81,7 @@ def sft(
 ) -> list[float]:
     """Masked next-token cross-entropy, AdamW (or Muon + AdamW) with warmup and cosine decay
     over cfg.steps; returns losses. `stop(step)` after a step ends training early when true (the
-    warm start's check of validation success); it may put the model in eval mode."""
+    warm start's check of validation success); it must leave the model in train mode."""
     if cfg.steps == 0:  # steps: 0 is "no warm start": the built model as it is
         model.eval()
         return []
@@ -110,6 +110,5 @@ def sft(
             on_step(step, loss.item())
         if stop is not None and stop(step):
             break
-        model.train()
     model.eval()
     return losses

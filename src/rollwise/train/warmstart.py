@@ -29,6 +29,10 @@ def sft_warm_start(
         demo_suites = [suite, *augment_suites(params, Path(scratch))]
         validation = None
         if w.stop_at_success is not None:  # its words are tokens too, as held-out tasks' are
+            if params.envs.custom:
+                raise ValueError(
+                    "warmstart.stop_at_success needs the synthetic suite (envs.custom is set)"
+                )
             validation = fresh_suite(params, Path(scratch) / "validation", w.augment_suites + 1)
         tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []))
         model = build_model(tokenizer, params.policy)
@@ -60,6 +64,7 @@ def success_check(model, tokenizer, suite: Suite, params: Params, checks: list[d
         if (step + 1) % w.check_every:
             return False
         episodes = evaluate_policy(HFBackend(model, tokenizer), tokenizer, suite, tasks, limits)
+        model.train()  # evaluation left it in eval mode; SFT goes on
         checks.append({"step": step + 1, "validation_success": float(episodes["success"].mean())})
         return checks[-1]["validation_success"] >= w.stop_at_success
 
@@ -82,8 +87,6 @@ def fresh_suite(params: Params, folder: Path, k: int) -> Suite:
     """The k-th suite of the generator at another seed: all tasks in train, no faults."""
     from rollwise.envs.generate import generate_suite
 
-    if params.envs.custom:
-        raise ValueError("warmstart.stop_at_success needs the synthetic suite (envs.custom is set)")
     cfg = params.envs.model_copy(
         update={"seed": params.envs.seed + 7919 * k, "heldout_envs": 0,
                 "heldout_task_frac": 0.0, "faults": FaultsConfig()}
