@@ -140,6 +140,32 @@ def test_model_round_trip_gives_identical_logits(tok, saved):
         assert torch.equal(model(input_ids=batch).logits, loaded(input_ids=batch).logits)
 
 
+def test_loads_in_threads_at_once_keep_every_lm_head_tied(tok, saved):
+    """transformers swaps PreTrainedModel.tie_weights for a no-op while it loads; unguarded,
+    threads loading at once (the flow overlaps rollout and train) left the no-op in place and
+    every later load got a random lm_head (it broke the ray executor tests after the policy-lag
+    ones). The lock in policy.build keeps tying intact; a disabled tying is a named error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import PreTrainedModel
+
+    folder, model = saved
+    original = PreTrainedModel.tie_weights
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            loaded = [m for m, _ in pool.map(lambda _: load_policy(folder), range(8))]
+            built = list(pool.map(lambda _: build_model(tok, TINY_POLICY), range(4)))
+        assert PreTrainedModel.tie_weights is original
+        for m in loaded + built + [load_policy(folder)[0]]:
+            assert m.lm_head.weight is m.model.embed_tokens.weight
+        assert torch.equal(loaded[0].lm_head.weight, model.lm_head.weight)
+        PreTrainedModel.tie_weights = lambda *a, **k: None  # what the race used to leave behind
+        with pytest.raises(RuntimeError, match=f"{folder}: config.tie_word_embeddings is true"):
+            load_policy(folder)
+    finally:
+        PreTrainedModel.tie_weights = original
+
+
 def test_load_policy_tokenizer_gives_the_same_ids(tok, saved):
     folder, _ = saved
     _, loaded = load_policy(folder)

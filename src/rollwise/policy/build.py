@@ -4,6 +4,7 @@ and a tiny Qwen2 built from a config. Nothing is downloaded."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +21,13 @@ from transformers import (
 from transformers import utils as hf_utils
 
 hf_utils.logging.disable_progress_bar()  # stage logs stay readable: no per-load progress bars
+
+# transformers 5 builds and loads models inside context managers that swap class methods
+# (PreTrainedModel.tie_weights, init_weights, torch.nn.init) for no-ops and put them back after.
+# Two threads doing that at once (the flow overlaps rollout@r+1 with train@r) can leave the no-op
+# in place for good: from then on every model in the process loads with a random, untied lm_head.
+# Every model this package builds or loads does it under this one lock.
+_MODEL_INIT_LOCK = threading.Lock()
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
 TAG_TOKENS = [
@@ -89,7 +97,8 @@ def build_model(tokenizer: PreTrainedTokenizerBase, cfg) -> Qwen2ForCausalLM:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    return Qwen2ForCausalLM(config)
+    with _MODEL_INIT_LOCK:
+        return require_tied(Qwen2ForCausalLM(config), "a new model")
 
 
 def save_policy(model, tokenizer, folder: Path, info: dict | None = None) -> None:
@@ -118,5 +127,20 @@ def load_policy(folder: Path, dtype: torch.dtype = torch.float32):
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: no config.json; not a Hugging Face model folder")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    return model, load_tokenizer(folder)
+    with _MODEL_INIT_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return require_tied(model, str(folder)), load_tokenizer(folder)
+
+
+def require_tied(model, what: str):
+    """The model, if its config's tied embeddings are really one tensor; else a clear error, not
+    a policy whose output layer is random (see _MODEL_INIT_LOCK for how that happens)."""
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    if tied and out is not None and out.weight is not inp.weight:
+        raise RuntimeError(
+            f"{what}: config.tie_word_embeddings is true but lm_head is a separate, newly "
+            "initialized tensor: transformers' weight tying was disabled in this process "
+            "(a model built or loaded concurrently in another thread outside rollwise's lock)"
+        )
+    return model
