@@ -159,6 +159,7 @@ def test_loads_in_threads_at_once_keep_every_lm_head_tied(tok, saved):
         for m in loaded + built + [load_policy(folder)[0]]:
             assert m.lm_head.weight is m.model.embed_tokens.weight
         assert torch.equal(loaded[0].lm_head.weight, model.lm_head.weight)
+        assert all(torch.equal(b.lm_head.weight, built[0].lm_head.weight) for b in built)
         PreTrainedModel.tie_weights = lambda *a, **k: None  # what the race used to leave behind
         with pytest.raises(RuntimeError, match=f"{folder}: config.tie_word_embeddings is true"):
             load_policy(folder)

@@ -83,7 +83,6 @@ def train_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
 
 def build_model(tokenizer: PreTrainedTokenizerBase, cfg) -> Qwen2ForCausalLM:
     """A tiny Qwen2 (tied embeddings) sized by params `policy`; seeded, so rebuilds are equal."""
-    torch.manual_seed(cfg.seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden,
@@ -97,7 +96,8 @@ def build_model(tokenizer: PreTrainedTokenizerBase, cfg) -> Qwen2ForCausalLM:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    with _MODEL_INIT_LOCK:
+    with _MODEL_INIT_LOCK:  # the seed too: a thread building beside it would draw from it
+        torch.manual_seed(cfg.seed)
         return require_tied(Qwen2ForCausalLM(config), "a new model")
 
 
