@@ -26,8 +26,9 @@ hf_utils.logging.disable_progress_bar()  # stage logs stay readable: no per-load
 # (PreTrainedModel.tie_weights, init_weights, torch.nn.init) for no-ops and put them back after.
 # Two threads doing that at once (the flow overlaps rollout@r+1 with train@r) can leave the no-op
 # in place for good: from then on every model in the process loads with a random, untied lm_head.
-# Every model this package builds or loads does it under this one lock.
-_MODEL_INIT_LOCK = threading.Lock()
+# Every model this package builds, loads or wraps (LoRA adapters init through torch.nn.init too)
+# does it under this one lock.
+MODEL_INIT_LOCK = threading.Lock()
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
 TAG_TOKENS = [
@@ -96,7 +97,7 @@ def build_model(tokenizer: PreTrainedTokenizerBase, cfg) -> Qwen2ForCausalLM:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    with _MODEL_INIT_LOCK:  # the seed too: a thread building beside it would draw from it
+    with MODEL_INIT_LOCK:  # the seed too: a thread building beside it would draw from it
         torch.manual_seed(cfg.seed)
         return require_tied(Qwen2ForCausalLM(config), "a new model")
 
@@ -127,14 +128,14 @@ def load_policy(folder: Path, dtype: torch.dtype = torch.float32):
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: no config.json; not a Hugging Face model folder")
-    with _MODEL_INIT_LOCK:
+    with MODEL_INIT_LOCK:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     return require_tied(model, str(folder)), load_tokenizer(folder)
 
 
 def require_tied(model, what: str):
     """The model, if its config's tied embeddings are really one tensor; else a clear error, not
-    a policy whose output layer is random (see _MODEL_INIT_LOCK for how that happens)."""
+    a policy whose output layer is random (see MODEL_INIT_LOCK for how that happens)."""
     out, inp = model.get_output_embeddings(), model.get_input_embeddings()
     tied = getattr(model.config, "tie_word_embeddings", False)
     if tied and out is not None and out.weight is not inp.weight:

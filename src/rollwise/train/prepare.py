@@ -40,6 +40,8 @@ def add_lora(model, lora):
     """Wrap the model in peft LoRA adapters: only the adapters train, the base stays frozen."""
     from peft import LoraConfig, get_peft_model
 
+    from rollwise.policy.build import MODEL_INIT_LOCK
+
     config = LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
@@ -47,7 +49,8 @@ def add_lora(model, lora):
         target_modules=lora.target_modules,
         task_type="CAUSAL_LM",
     )
-    with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated property
+    # the lock: a load in another thread must not turn the adapters' init into no-ops meanwhile
+    with MODEL_INIT_LOCK, warnings.catch_warnings():  # peft 0.21 reads a deprecated property
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
         return get_peft_model(model, config)
 
