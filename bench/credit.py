@@ -247,6 +247,7 @@ VARIANTS = {
     "gigpo_mean_norm": ("gigpo", {"gigpo": {"norm": "mean_norm"}}),
     "concal_mean_norm": ("concal", {"gigpo": {"norm": "mean_norm"}}),
     "concal_full_pool": ("concal", {"concal": {"pool_cap": 1.0}}),
+    "concal_outcome_episode": ("concal", {"concal": {"episode_term": "outcome"}}),
 }
 
 
@@ -466,6 +467,10 @@ def headline(result: dict) -> dict:
             llm["concal"]["value_error"] / llm["gigpo"]["value_error"],
         "toy_concal_over_gigpo_value_error_ratio":
             toy["concal"]["value_error"] / toy["gigpo"]["value_error"],
+        "concal_over_gigpo_value_error_ratio_mean_norm":  # both without per-cluster std scaling
+            llm["concal_mean_norm"]["value_error"] / llm["gigpo_mean_norm"]["value_error"],
+        "toy_concal_over_gigpo_value_error_ratio_mean_norm":
+            toy["concal_mean_norm"]["value_error"] / toy["gigpo_mean_norm"]["value_error"],
         "concal_over_gigpo_step_value_error_ratio":  # the values alone, before A's form
             parts["concal_step_values"] / parts["gigpo_step_values"],
         "toy_concal_over_gigpo_step_value_error_ratio":

@@ -216,13 +216,32 @@ def test_concal_pools_the_shared_transition():
     assert q.tolist() == pytest.approx([0.25, 1.0, 0.25, 0.0, 0.5, 1.0])
     capped = calibrated_returns(turns, gamma=0.5, cap=0.25)  # w = 0.25: C = 0.75, 0.25
     assert capped.tolist() == pytest.approx([0.375, 1.0, 0.125, 0.0, 0.5, 1.0])
-    adv = by_turn(concal(G_EPISODES, G_STEPS, gigpo_cfg()))
-    # start cluster (0.25, 0.25, 0.5) - 1/3; plus A^E (1/3, -2/3, 1/3)
+    adv = by_turn(concal(G_EPISODES, G_STEPS, gigpo_cfg(concal={"episode_term": "outcome"})))
+    # start cluster (0.25, 0.25, 0.5) - 1/3; plus A^E of the rewards (1/3, -2/3, 1/3)
     assert adv[("e0", 0)] == pytest.approx(1 / 3 + 0.25 - 1 / 3)
     assert adv[("e1", 0)] == pytest.approx(-2 / 3 + 0.25 - 1 / 3)
     assert adv[("e1", 1)] == pytest.approx(-7 / 6)  # last turns are exact: same as GiGPO
     raw = by_turn(gigpo(G_EPISODES, G_STEPS, gigpo_cfg()))
     assert adv[("e0", 0)] - adv[("e1", 0)] < raw[("e0", 0)] - raw[("e1", 0)]  # noise shrunk
+
+
+def test_concal_calibrated_episode_term():
+    # episode_term calibrated: A^E from each turn's calibrated outcome (gamma 1), not the episode's
+    # reward. Depth 1: Q = 1, 0, 1; e0, e1 pool (w 0.5) -> C = 0.5, 0.5; e2 C = 1. Depth 0: Q =
+    # 0.5, 0.5, 1. Minus the group mean 2/3: e0 (-1/6, 1/3), e1 (-1/6, -2/3), e2 (1/3, 1/3).
+    # Step term as above (gamma 0.5): start (-1/12, -1/12, 1/6), s1 (1/2, -1/2), s2 0.
+    adv = by_turn(concal(G_EPISODES, G_STEPS, gigpo_cfg()))  # calibrated: the default
+    want = {("e0", 0): -0.25, ("e0", 1): 5 / 6, ("e1", 0): -0.25, ("e1", 1): -7 / 6,
+            ("e2", 0): 0.5, ("e2", 1): 1 / 3}  # fmt: skip
+    assert adv == pytest.approx(want)
+    # e0 and e1 took one action from one state: their later luck no longer splits that turn
+    outcome = by_turn(concal(G_EPISODES, G_STEPS, gigpo_cfg(concal={"episode_term": "outcome"})))
+    assert outcome[("e0", 0)] - outcome[("e1", 0)] == pytest.approx(1.0)
+    equal = G_EPISODES.assign(reward=1.0)
+    std = gigpo_cfg("mean_std_norm", concal={"episode_term": "calibrated"})
+    assert (concal(equal, G_STEPS, std)["advantage"] == 0.0).all()
+    with pytest.raises(ValueError, match="episode_term"):
+        cfg(concal={"episode_term": "reward"})
 
 
 def test_concal_pool_shares_the_other_visits_under_the_cap():

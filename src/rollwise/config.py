@@ -236,6 +236,7 @@ class GiGPOConfig(Section):
 
 class ConCalConfig(Section):
     pool_cap: float = Field(0.75, ge=0, le=1)  # most a shared-transition pool may replace
+    episode_term: Literal["outcome", "calibrated"] = "calibrated"  # A^E from calibrated Q, or R
 
 
 class IAPOConfig(Section):

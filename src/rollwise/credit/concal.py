@@ -2,8 +2,10 @@
 (task group, depth, previous state, previous action, current state); walking backward, a visit's
 value Q_k = r_k + gamma C_{k+1} pools with the other visits of its key: C_k = (1 - w) Q_k +
 w mean_others(Q), w = min(cap, 1 - 1/n_key) (uncapped: the plain key mean); the calibrated Q
-replace GiGPO's raw returns in the anchor clusters (A^E stays GRPO's). Departs from the seed in:
-the key includes the depth (finite horizon), and the pooled share is the capped empirical one."""
+replace GiGPO's raw returns in the anchor clusters, and (episode_term: calibrated) the episode's
+reward in A^E: each turn's outcome is its calibrated Q at gamma 1, so a later turn's luck no
+longer splits earlier turns that took one action from one state. Departs from the seed in: the
+key includes the depth (finite horizon), the pooled share is the capped empirical one, and A^E."""
 
 from __future__ import annotations
 
@@ -52,4 +54,7 @@ def calibrated_returns(turns: pd.DataFrame, gamma: float, cap: float) -> np.ndar
 def concal(episodes: pd.DataFrame, steps: pd.DataFrame, cfg) -> pd.DataFrame:
     turns = turn_table(episodes, steps)
     q = calibrated_returns(turns, cfg.gigpo.gamma, cfg.concal.pool_cap)
-    return advantage_rows(turns, combine(episodes, turns, q, cfg))
+    outcomes = None
+    if cfg.concal.episode_term == "calibrated":  # each turn's outcome: its undiscounted Q
+        outcomes = calibrated_returns(turns, 1.0, cfg.concal.pool_cap)
+    return advantage_rows(turns, combine(episodes, turns, q, cfg, outcomes))

@@ -25,11 +25,25 @@ def anchor_keys(turns: pd.DataFrame) -> pd.Series:
     return turns["group"].astype(str) + "|" + turns["state"].astype(str)
 
 
-def combine(episodes: pd.DataFrame, turns: pd.DataFrame, returns: np.ndarray, cfg) -> np.ndarray:
-    """A^E + omega A^S for per-turn returns (GiGPO's raw ones, or ConCal's calibrated ones)."""
+def combine(
+    episodes: pd.DataFrame,
+    turns: pd.DataFrame,
+    returns: np.ndarray,
+    cfg,
+    outcomes: np.ndarray | None = None,
+) -> np.ndarray:
+    """A^E + omega A^S for per-turn returns (GiGPO's raw ones, or ConCal's calibrated ones).
+    `outcomes` (per turn) replaces each turn's episode reward in A^E; the group's mean and std
+    stay those of its rewards."""
     g = cfg.gigpo
     std_norm = g.norm == "mean_std_norm"
-    episode = per_episode(turns, episodes, group_advantages(episodes, std_norm, cfg.eps))
+    if outcomes is None:
+        episode = per_episode(turns, episodes, group_advantages(episodes, std_norm, cfg.eps))
+    else:
+        by_group = episodes.groupby("group")["reward"]
+        mean = per_episode(turns, episodes, by_group.transform("mean"))  # [N]
+        std = per_episode(turns, episodes, by_group.transform(lambda r: r.std(ddof=0)))  # [N]
+        episode = (outcomes - mean) / (std + cfg.eps) if std_norm else outcomes - mean  # [N]
     step = cluster_normalize(returns, anchor_keys(turns), std_norm, cfg.eps)
     return episode + g.omega * step
 
