@@ -245,7 +245,9 @@ def decomposition(turns, episodes, steps, q, credit) -> dict:
 VARIANTS = {
     "dr_grpo": ("grpo", {"std_norm": False}),
     "gigpo_mean_norm": ("gigpo", {"gigpo": {"norm": "mean_norm"}}),
+    "gigpo_mean_std_norm": ("gigpo", {"gigpo": {"norm": "mean_std_norm"}}),
     "concal_mean_norm": ("concal", {"gigpo": {"norm": "mean_norm"}}),
+    "concal_mean_std_norm": ("concal", {"gigpo": {"norm": "mean_std_norm"}}),
     "concal_full_pool": ("concal", {"concal": {"pool_cap": 1.0}}),
     "concal_outcome_episode": ("concal", {"concal": {"episode_term": "outcome"}}),
 }
@@ -467,10 +469,10 @@ def headline(result: dict) -> dict:
             llm["concal"]["value_error"] / llm["gigpo"]["value_error"],
         "toy_concal_over_gigpo_value_error_ratio":
             toy["concal"]["value_error"] / toy["gigpo"]["value_error"],
-        "concal_over_gigpo_value_error_ratio_mean_norm":  # both without per-cluster std scaling
-            llm["concal_mean_norm"]["value_error"] / llm["gigpo_mean_norm"]["value_error"],
-        "toy_concal_over_gigpo_value_error_ratio_mean_norm":
-            toy["concal_mean_norm"]["value_error"] / toy["gigpo_mean_norm"]["value_error"],
+        **{f"{panel}concal_over_gigpo_value_error_ratio_{norm}":  # each norm, both methods
+           methods[f"concal_{norm}"]["value_error"] / methods[f"gigpo_{norm}"]["value_error"]
+           for panel, methods in (("", llm), ("toy_", toy))
+           for norm in ("mean_norm", "mean_std_norm")},
         "concal_over_gigpo_step_value_error_ratio":  # the values alone, before A's form
             parts["concal_step_values"] / parts["gigpo_step_values"],
         "toy_concal_over_gigpo_step_value_error_ratio":
