@@ -198,7 +198,8 @@ def test_gigpo_mean_std_norm_and_omega():
     assert adv[("e0", 1)] == pytest.approx(0.5**0.5 + 1.0)
     assert adv[("e1", 1)] == pytest.approx(-(2**0.5) - 1.0)
     assert adv[("e2", 1)] == pytest.approx(0.5**0.5)  # singleton anchor: episode term only
-    plain = by_turn(gigpo(G_EPISODES, G_STEPS, cfg(gigpo={"omega": 0.0})))
+    flat = cfg(gigpo={"omega": 0.0, "norm": "mean_std_norm"})
+    plain = by_turn(gigpo(G_EPISODES, G_STEPS, flat))
     assert plain == pytest.approx(by_turn(grpo(G_EPISODES, G_STEPS, cfg())))
 
 

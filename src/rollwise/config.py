@@ -231,7 +231,7 @@ class GiGPOConfig(Section):
 
     gamma: float = Field(0.95, ge=0, le=1)  # discount of the per-turn returns
     omega: float = Field(1.0, ge=0)  # weight of the anchor-state (step) advantage
-    norm: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"  # both levels
+    norm: Literal["mean_std_norm", "mean_norm"] = "mean_norm"  # both levels
 
 
 class ConCalConfig(Section):
