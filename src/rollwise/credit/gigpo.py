@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rollwise.credit.grpo import group_advantages
+from rollwise.credit.grpo import group_advantages, group_moments
 from rollwise.credit.turns import advantage_rows, cluster_normalize, per_episode, turn_table
 
 
@@ -40,9 +40,7 @@ def combine(
     if outcomes is None:
         episode = per_episode(turns, episodes, group_advantages(episodes, std_norm, cfg.eps))
     else:
-        by_group = episodes.groupby("group")["reward"]
-        mean = per_episode(turns, episodes, by_group.transform("mean"))  # [N]
-        std = per_episode(turns, episodes, by_group.transform(lambda r: r.std(ddof=0)))  # [N]
+        mean, std = (per_episode(turns, episodes, m) for m in group_moments(episodes))  # [N] each
         episode = (outcomes - mean) / (std + cfg.eps) if std_norm else outcomes - mean  # [N]
     step = cluster_normalize(returns, anchor_keys(turns), std_norm, cfg.eps)
     return episode + g.omega * step

@@ -10,13 +10,17 @@ import pandas as pd
 from rollwise.credit.turns import advantage_rows, per_episode, turn_table
 
 
+def group_moments(episodes: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Each episode's task-group reward mean and population std (ddof 0)."""
+    by_group = episodes.groupby("group")["reward"]
+    return by_group.transform("mean"), by_group.transform(lambda r: r.std(ddof=0))
+
+
 def group_advantages(episodes: pd.DataFrame, std_norm: bool, eps: float) -> pd.Series:
     """Per-episode advantage relative to its task group; an all-equal group gives zeros."""
-    by_group = episodes.groupby("group")["reward"]
-    centred = episodes["reward"] - by_group.transform("mean")
-    if not std_norm:
-        return centred
-    return centred / (by_group.transform(lambda r: r.std(ddof=0)) + eps)
+    mean, std = group_moments(episodes)
+    centred = episodes["reward"] - mean
+    return centred / (std + eps) if std_norm else centred
 
 
 def grpo(episodes: pd.DataFrame, steps: pd.DataFrame, cfg) -> pd.DataFrame:
