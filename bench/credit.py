@@ -31,11 +31,12 @@ import argparse
 import copy
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -79,21 +80,21 @@ def key_of(*parts) -> str:
 
 
 def setup(p, cache: Path, given: Path | None = None):
-    """(suite, warm-start folder), both cached by their params; `given` (a saved policy folder)
-    replaces the built warm start."""
+    """(suite, its folder, warm-start folder), cached by their params; `given` (a saved policy
+    folder) replaces the built warm start."""
     suite_dir = cache / f"suite_{key_of(p.envs.model_dump())}"
     if not suite_dir.exists():
         generate_suite(p.envs, suite_dir)
     suite = load_suite(suite_dir)
     if given is not None:
         check_hf_folder(given)
-        return suite, given
+        return suite, suite_dir, given
     parts = (p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())
     folder = cache / f"sft_{key_of(*parts)}"
     if not folder.exists():
         model, tok, _, _ = sft_warm_start(p, suite)
         save_policy(model, tok, folder)
-    return suite, folder
+    return suite, suite_dir, folder
 
 
 def long_tasks(suite, split: str) -> list[str]:
@@ -401,12 +402,27 @@ def heldout(model, tok, suite, p, args) -> dict:
     return {"success": s["success"], "reward": s["reward"]}
 
 
-def learning_panel(folder: Path, suite, p, args, base: dict) -> dict:
-    runs = []
-    for seed in args.seeds:
-        for method in args.arms:
-            runs.append(run_arm(method, seed, folder, suite, p, args))
-            print(json.dumps({k: runs[-1][k] for k in ("method", "seed", "heldout")}), flush=True)
+def arm_in_worker(method: str, seed: int, folder: Path, suite_dir: Path, p, args) -> dict:
+    """run_arm in a process of its own (--workers): one torch thread, the suite read afresh.
+    An arm is seeded by (method, seed) alone, so its figures do not depend on the process."""
+    torch.set_num_threads(1)
+    return run_arm(method, seed, folder, load_suite(suite_dir), p, args)
+
+
+def announce(run: dict) -> dict:
+    print(json.dumps({k: run[k] for k in ("method", "seed", "heldout")}), flush=True)
+    return run
+
+
+def learning_panel(folder: Path, suite_dir: Path, suite, p, args, base: dict) -> dict:
+    jobs = [(method, seed) for seed in args.seeds for method in args.arms]
+    if args.workers > 1:  # spawn: a forked child would inherit torch's thread pools
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
+            futures = [pool.submit(arm_in_worker, *job, folder, suite_dir, p, args) for job in jobs]
+            runs = [announce(future.result()) for future in futures]
+    else:
+        runs = [announce(run_arm(*job, folder, suite, p, args)) for job in jobs]
     per_seed = {m: [r["heldout"]["success"] for r in runs if r["method"] == m] for m in args.arms}
     reward = {m: [r["heldout"]["reward"] for r in runs if r["method"] == m] for m in args.arms}
     return {
@@ -513,6 +529,9 @@ def main() -> None:
         choices=list(ARMS),
         help="learning arms (concal and gigpo give the headline)",
     )
+    parser.add_argument(  # 2 on 2 cores: the arms are independent, one torch thread each
+        "--workers", type=int, default=1, help="learning arms run in this many processes"
+    )
     parser.add_argument("--skip-llm-learning", action="store_true")
     parser.add_argument("--only-value", action="store_true", help="value panels only (no training)")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "credit")
@@ -528,7 +547,7 @@ def main() -> None:
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
-    suite, folder = setup(p, args.cache, args.warm_start)
+    suite, suite_dir, folder = setup(p, args.cache, args.warm_start)
     setup_s = time.perf_counter() - t0
     result: dict = {"value_toy": toy_value_panel(args, p.credit)}
     if not args.only_value:
@@ -539,7 +558,7 @@ def main() -> None:
     print(json.dumps({"value_llm_s": round(result["value_llm"]["wall_s"])}), flush=True)
     if not (args.skip_llm_learning or args.only_value):
         base = heldout(model, tok, suite, p, args)
-        result["learning_llm"] = learning_panel(folder, suite, p, args, base)
+        result["learning_llm"] = learning_panel(folder, suite_dir, suite, p, args, base)
     result = {
         "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": STARTED_AT,
         "git_dirty": STARTED_AT.endswith("+uncommitted"),
