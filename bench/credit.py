@@ -34,9 +34,10 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -418,9 +419,11 @@ def learning_panel(folder: Path, suite_dir: Path, suite, p, args, base: dict) ->
     jobs = [(method, seed) for seed in args.seeds for method in args.arms]
     if args.workers > 1:  # spawn: a forked child would inherit torch's thread pools
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
-            futures = [pool.submit(arm_in_worker, *job, folder, suite_dir, p, args) for job in jobs]
-            runs = [announce(future.result()) for future in futures]
+        with ctx.Pool(args.workers) as pool:  # leaving it (error, Ctrl-C, SIGTERM) kills workers
+            pending = [
+                pool.apply_async(arm_in_worker, (*job, folder, suite_dir, p, args)) for job in jobs
+            ]
+            runs = [announce(result.get()) for result in pending]
     else:
         runs = [announce(run_arm(*job, folder, suite, p, args)) for job in jobs]
     per_seed = {m: [r["heldout"]["success"] for r in runs if r["method"] == m] for m in args.arms}
@@ -506,7 +509,13 @@ def headline(result: dict) -> dict:
     return out
 
 
+def exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM unwinds like Ctrl-C, so the worker pool is terminated instead of left running."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
