@@ -31,10 +31,8 @@ import argparse
 import copy
 import hashlib
 import json
-import multiprocessing
 import os
 import random
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +47,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
@@ -404,9 +403,8 @@ def heldout(model, tok, suite, p, args) -> dict:
 
 
 def arm_in_worker(method: str, seed: int, folder: Path, suite_dir: Path, p, args) -> dict:
-    """run_arm in a process of its own (--workers): one torch thread, the suite read afresh.
-    An arm is seeded by (method, seed) alone, so its figures do not depend on the process."""
-    torch.set_num_threads(1)
+    """run_arm in a process of its own (--workers), the suite read afresh. An arm is seeded by
+    (method, seed) alone, so its figures do not depend on the process."""
     return run_arm(method, seed, folder, load_suite(suite_dir), p, args)
 
 
@@ -415,17 +413,11 @@ def announce(run: dict) -> dict:
     return run
 
 
-def learning_panel(folder: Path, suite_dir: Path, suite, p, args, base: dict) -> dict:
-    jobs = [(method, seed) for seed in args.seeds for method in args.arms]
-    if args.workers > 1:  # spawn: a forked child would inherit torch's thread pools
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(args.workers) as pool:  # leaving it (error, Ctrl-C, SIGTERM) kills workers
-            pending = [
-                pool.apply_async(arm_in_worker, (*job, folder, suite_dir, p, args)) for job in jobs
-            ]
-            runs = [announce(result.get()) for result in pending]
-    else:
-        runs = [announce(run_arm(*job, folder, suite, p, args)) for job in jobs]
+def learning_panel(folder: Path, suite_dir: Path, p, args, base: dict) -> dict:
+    jobs = [
+        (method, seed, folder, suite_dir, p, args) for seed in args.seeds for method in args.arms
+    ]
+    runs = run_jobs(arm_in_worker, jobs, args.workers, announce)
     per_seed = {m: [r["heldout"]["success"] for r in runs if r["method"] == m] for m in args.arms}
     reward = {m: [r["heldout"]["reward"] for r in runs if r["method"] == m] for m in args.arms}
     return {
@@ -509,13 +501,7 @@ def headline(result: dict) -> dict:
     return out
 
 
-def exit_on_sigterm(signum: int, frame) -> None:
-    """SIGTERM unwinds like Ctrl-C, so the worker pool is terminated instead of left running."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -567,7 +553,7 @@ def main() -> None:
     print(json.dumps({"value_llm_s": round(result["value_llm"]["wall_s"])}), flush=True)
     if not (args.skip_llm_learning or args.only_value):
         base = heldout(model, tok, suite, p, args)
-        result["learning_llm"] = learning_panel(folder, suite_dir, suite, p, args, base)
+        result["learning_llm"] = learning_panel(folder, suite_dir, p, args, base)
     result = {
         "command": "python bench/credit.py " + " ".join(sys.argv[1:]), "git_commit": STARTED_AT,
         "git_dirty": STARTED_AT.endswith("+uncommitted"),

@@ -23,7 +23,7 @@ touched it; list reorders alone do not count (the items and the answer are the s
 Precision and recall are over failed episodes, pooled over seeds and rounds of the curated arm.
 
     .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] [--pool 32] \
-        [--arms clean uncurated curated ...] [--eval-tasks 96] [--sft-steps 400] \
+        [--arms clean uncurated curated ...] [--eval-tasks 96] [--sft-steps 400] [--workers 2] \
         [--out bench/results/curator.json] [key=value ...]
 
 `curated_minus_uncurated_pts` and `clean_minus_curated_pts` are those of the best curating arm
@@ -53,6 +53,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
@@ -217,6 +218,14 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
     }
 
 
+def arm_in_worker(arm: str, seed: int, model_dir: Path, p, args) -> dict:
+    """run_arm with the suites read from the cache, as a worker process (--workers) needs: an
+    arm is seeded by (arm, seed) alone, so its figures do not depend on the process."""
+    clean = suite_at(args.cache, p.envs, None)
+    faults = None if arm == "clean" else FaultsConfig(seed=seed, **FAULTS)
+    return run_arm(arm, seed, suite_at(args.cache, p.envs, faults), clean, model_dir, p, args)
+
+
 def opening(env, demos: dict, task_id: str):
     return success_bank.Demonstrated(env, demos[task_id]) if task_id in demos else env
 
@@ -299,6 +308,9 @@ def main() -> None:
         type=Path,
         help="a saved policy folder (e.g. models/round_00) instead of building the warm start",
     )
+    parser.add_argument(  # 2 on 2 cores: the arms are independent, one torch thread each
+        "--workers", type=int, default=1, help="arms run in this many processes"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "curator.json")
     args = parser.parse_args()
     missing = [a for a in ("clean", "uncurated", "curated") if a not in args.arms]
@@ -316,14 +328,16 @@ def main() -> None:
     model, tok = load_policy(model_dir)
     base = heldout(model, tok, clean, p, args)
     print(json.dumps({"warmstart_heldout": base, "setup_s": round(sft_s)}), flush=True)
-    runs = []
-    for seed in args.seeds:
-        faulty = suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
-        for arm in args.arms:
-            suite = clean if arm == "clean" else faulty
-            runs.append(run_arm(arm, seed, suite, clean, model_dir, p, args))
-            line = {k: v for k, v in runs[-1].items() if k != "judged"}
-            print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
+    for seed in args.seeds:  # built here once, before workers read them from the cache
+        suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
+
+    def announce(run: dict) -> dict:
+        line = {k: v for k, v in run.items() if k != "judged"}
+        print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
+        return run
+
+    jobs = [(arm, seed, model_dir, p, args) for seed in args.seeds for arm in args.arms]
+    runs = run_jobs(arm_in_worker, jobs, args.workers, announce)
     result = summarize_runs(runs, base, args, time.perf_counter() - t0)
     result["setup_s"] = sft_s
     result["warm_start"] = str(args.warm_start or "built")
