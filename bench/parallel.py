@@ -1,5 +1,5 @@
-"""Run a bench's independent arms in worker processes (`--workers`): 2 on 2 cores halves an
-hour-long bench. Each worker gets one torch thread; an arm must be seeded by its job alone, so
+"""Run a bench's independent arms in worker processes (`--workers`): 2 on 2 cores runs two
+arms at once. Each worker gets one torch thread; an arm must be seeded by its job alone, so
 its figures do not depend on the process it ran in.
 
 spawn, not fork: a forked child would inherit torch's thread pools. multiprocessing.Pool, not
