@@ -33,8 +33,11 @@ def run_jobs(
     (to print it, so a long bench shows progress). fn must be a module-level function."""
     if workers <= 1:
         return [done(fn(*job)) for job in jobs]
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(workers, initializer=one_torch_thread) as pool:
-        pending = [pool.apply_async(fn, job) for job in jobs]
-        return [done(result.get()) for result in pending]
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(workers, initializer=one_torch_thread) as pool:
+            pending = [pool.apply_async(fn, job) for job in jobs]
+            return [done(result.get()) for result in pending]
+    finally:  # the caller's own handling of SIGTERM comes back
+        signal.signal(signal.SIGTERM, previous)
