@@ -64,6 +64,7 @@ from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout import engine  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.train.guard import InProcessGuard  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
 from rollwise.train.warmstart import sft_warm_start  # noqa: E402
@@ -373,6 +374,7 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
     cfg = p.credit.model_copy(update={"method": method})
     tracker, drift, rounds = empty_tracker(), {0: 0.0}, []
     pool = long_tasks(suite, "train")
+    guard = InProcessGuard(model, tok, suite, p.train.guard, p.policy.max_context)
     for r in range(1, args.rounds + 1):
         n_tasks = args.tasks * p.rollout.samples_per_task // g  # equal episodes per round
         picked = random.Random(seed * 1000 + r).sample(pool, min(n_tasks, len(pool)))
@@ -381,12 +383,16 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
         episodes = attach(episodes, tracker, drift)
         adv = ESTIMATORS[method](episodes, steps, cfg)
         tracker = next_tracker(episodes, tracker, cfg)
-        stats = train_round(model, training_batch(episodes, adv), p.train, opt, tok.pad_token_id,
-                            ref, temperature=p.rollout.temperature)  # fmt: skip
-        drift = next_drift(drift, r, r - 1, float(stats.get("approx_kl", 0.0)))
+        items = training_batch(episodes, adv)
+        stats = guard.update(opt, lambda items=items: train_round(
+            model, items, p.train, opt, tok.pad_token_id, ref, temperature=p.rollout.temperature
+        ))  # fmt: skip
+        kl = 0.0 if stats.get("guard_reverted") else float(stats.get("approx_kl", 0.0))
+        drift = next_drift(drift, r, r - 1, kl)  # an undone update moved the policy nowhere
         rounds.append({"round": r, "episodes": len(episodes),
                        "sample_success": float(episodes["success"].mean()),
-                       "approx_kl": float(stats.get("approx_kl", 0.0))})  # fmt: skip
+                       "approx_kl": float(stats.get("approx_kl", 0.0)),
+                       **{k: v for k, v in stats.items() if k.startswith("guard_")}})  # fmt: skip
     return {"method": method, "seed": seed, "heldout": heldout(model, tok, suite, p, args),
             "rounds": rounds}  # fmt: skip
 

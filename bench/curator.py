@@ -67,6 +67,7 @@ from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize 
 from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.train.guard import InProcessGuard  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
 from rollwise.train.warmstart import sft_warm_start  # noqa: E402
@@ -142,6 +143,8 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
     cur = None if ARMS[arm] is None else p.curate.model_copy(update=ARMS[arm])
     judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
     bank, demonstrated, too_long, replayed = None, 0, 0, 0
+    guard = InProcessGuard(model, tok, suite, p.train.guard, p.policy.max_context)  # arm's suite
+    undone = 0
     for r in range(1, args.rounds + 1):
         picked = plan(suite, args, seed, r)
         demos = {}
@@ -195,16 +198,13 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
         adv = ESTIMATORS["grpo"](trained_reward(kept, p.credit.reward), steps, p.credit)
         if decisions is not None:
             adv = weighted_advantages(adv, decisions)
-        train_round(
-            model,
-            training_batch(kept, adv),
-            p.train,
-            opt,
-            tok.pad_token_id,
-            ref,
-            temperature=p.rollout.temperature,
-        )
+        items = training_batch(kept, adv)
+        stats = guard.update(opt, lambda items=items: train_round(
+            model, items, p.train, opt, tok.pad_token_id, ref, temperature=p.rollout.temperature
+        ))  # fmt: skip
+        undone += int(stats.get("guard_reverted", 0))
     return {
+        "guard_undone_rounds": undone,
         "arm": arm,
         "seed": seed,
         "heldout_success": heldout(model, tok, clean, p, args),

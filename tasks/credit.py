@@ -80,7 +80,8 @@ def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, di
     if prev not in params.rounds:
         return tracker, drift
     train = json.loads(require(metrics_path(root, f"train@{prev}"), f"train@{prev}").read_text())
-    kl = float(train.get("approx_kl", 0.0))
+    # an update the guard undid moved nothing: round prev's checkpoint is its start
+    kl = 0.0 if train.get("guard_reverted") else float(train.get("approx_kl", 0.0))
     return tracker, next_drift(drift, int(prev), int(params.rounds[prev].start), kl)
 
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,10 +25,13 @@ import numpy as np
 from rollwise.config import Params
 from tasks.common import (
     atomic_dir,
+    envs_dir,
     keep_checkpoint,
     load_checkpoint,
     log,
     model_dir,
+    read_json,
+    read_suite,
     read_table,
     round_dir,
     stage_main,
@@ -39,6 +43,7 @@ from tasks.rollout import stage_of_model
 # Set for the ranks of a torchrun launch: the folder with params.json (in) and metrics.json (out).
 LAUNCH_ENV = "ROLLWISE_TRAIN_LAUNCH"
 CODE_ROOT = Path(__file__).resolve().parents[1]
+GUARD_FILE = "guard.json"  # in models/round_NN: its greedy validation success (train.guard)
 
 
 def run(params: Params, root: Path, r: str) -> dict:
@@ -51,7 +56,8 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     """This process's share of the round; rank 0 (or the only process) saves the checkpoint."""
     import torch
 
-    from rollwise.policy.build import load_policy, save_policy
+    from rollwise.policy.build import MARKER, load_policy, save_policy
+    from rollwise.train.guard import as_record, judge, validation_success
     from rollwise.train.optim import apply_lrs, make_optimizer
     from rollwise.train.prepare import export, prepare
     from rollwise.train.trainer import load_state, save_state, train_round, training_batch, world
@@ -79,21 +85,54 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     ref = None
     if cfg.kl_coef > 0:
         ref = load_policy(model_dir(root, "00"))[0].to(next(model.parameters()).device)
+    rank, world_size = world()
+    guarded = cfg.guard.tasks > 0 and rank == 0
+    suite = read_suite(envs_dir(root)) if guarded else None
+    start = start_success(params, root, prev, model, tokenizer, suite) if guarded else None
     metrics = train_round(
         model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
         temperature=params.rollout.temperature, steps_before=step,
     )  # fmt: skip
-    rank, metrics["world_size"] = world()
-    metrics["policy_lag"] = lag
+    metrics["world_size"], metrics["policy_lag"] = world_size, lag
     if rank != 0:
         return metrics
     model = export(model)
+    verdict = None
+    if guarded:
+        after = validation_success(model, tokenizer, suite, cfg.guard, params.policy.max_context)
+        verdict = judge(start, after, cfg.guard)
+        metrics.update(verdict.metrics())
     with atomic_dir(model_dir(root, r)) as out:
-        save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
-        save_state(out, optimizer, step + int(metrics.get("optimizer_steps", 0)))
-    keep_checkpoint(model_dir(root, r), model, tokenizer)
+        if verdict is None or verdict.kept:
+            save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
+            save_state(out, optimizer, step + int(metrics.get("optimizer_steps", 0)))
+        else:  # the update is undone: this round's checkpoint is its start, moments and all
+            shutil.copytree(model_dir(root, prev), out, dirs_exist_ok=True)
+            info = {"round": int(r), "from": prev, "reverted": True}
+            (out / MARKER).write_text(json.dumps(info, indent=1))
+        if verdict is not None:
+            write_json(out / GUARD_FILE, as_record(verdict, cfg.guard))
+    if verdict is None or verdict.kept:
+        keep_checkpoint(model_dir(root, r), model, tokenizer)
+    else:
+        drop = f"{verdict.start:.3f} -> {verdict.after:.3f} (max drop {cfg.guard.max_drop})"
+        log(f"train@{r}", f"guard: validation success {drop}; update undone, round_{r} = {prev}")
     log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
     return metrics
+
+
+def start_success(params: Params, root: Path, prev: str, model, tokenizer, suite) -> float:
+    """Greedy validation success of the round's start: what train@prev recorded for the same
+    task count, else measured now (round_00, or a start trained without the guard)."""
+    from rollwise.train.guard import validation_success
+
+    path = model_dir(root, prev) / GUARD_FILE
+    if path.exists():
+        record = read_json(path, f"train@{prev}")
+        if record.get("tasks") == params.train.guard.tasks:
+            return float(record["kept_success"])
+    cfg = params.train.guard
+    return validation_success(model, tokenizer, suite, cfg, params.policy.max_context)
 
 
 def policy_lag(episodes, start: str, tis_cap: float | None) -> int:

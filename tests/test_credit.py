@@ -512,6 +512,12 @@ def test_stage_carries_the_tracker_across_rounds(tmp_path: Path):
     )
     adv = pd.read_parquet(tmp_path / "data/advantages/round_02/advantages.parquet")
     assert list(adv.columns) == ADVANTAGE_COLUMNS and len(adv) == sum(map(len, eps2["turn_spans"]))
+    # an update the collapse guard undid moved the policy nowhere: version 1 drifted 0
+    undone = {"approx_kl": 0.002, "guard_reverted": 1.0}
+    (tmp_path / "data/metrics/train@01.json").write_text(json.dumps(undone))
+    credit.run(params, tmp_path, "02")
+    state2 = json.loads((tmp_path / "data/advantages/round_02/credit_state.json").read_text())
+    assert state2["drift"] == {"0": 0.0, "1": 0.0}
 
 
 def curated_round(tmp_path: Path) -> pd.DataFrame:

@@ -281,6 +281,14 @@ class LoraConfig(Section):
     target_modules: str | list[str] = "all-linear"  # peft's: every linear layer but the head
 
 
+class GuardConfig(Section):
+    """Collapse guard (train/guard.py): undo a round whose update lowered greedy success on
+    `tasks` train tasks by more than `max_drop` (a share: 0.05 is 5 points)."""
+
+    tasks: int = Field(0, ge=0)  # 0: off
+    max_drop: float = Field(0.05, ge=0, le=1)
+
+
 class TrainConfig(Section):
     lr: float = Field(1e-4, gt=0)
     epochs: int = Field(2, ge=1)
@@ -306,6 +314,7 @@ class TrainConfig(Section):
     bf16: bool = False  # bf16 autocast on CUDA; without CUDA a logged warning, float32
     gradient_checkpointing: bool = False  # recompute activations in backward (any device)
     world_size: int = Field(1, ge=1)  # > 1: DDP ranks launched through torchrun (gloo / NCCL)
+    guard: GuardConfig = GuardConfig()  # tasks 0: off
 
 
 class HalvingConfig(Section):

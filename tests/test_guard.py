@@ -1,0 +1,168 @@
+"""The collapse guard (train/guard.py): the rule, the in-process undo the benches use, and the
+train stage keeping its start when a real update destroys a real (tiny, memorized) policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rollwise.config import GuardConfig, Params, TrainConfig, validate
+from rollwise.train.guard import guarded_update, judge, validation_success
+from rollwise.train.optim import make_optimizer
+from rollwise.train.trainer import train_round
+
+TINY_SUITE = {"n_envs": 1, "domains": ["shop"], "owners_per_env": 3, "max_records": 1,
+              "tasks_per_env": 6, "heldout_envs": 0, "heldout_task_frac": 0.0,
+              "task_kinds": ["city_by_id"]}  # fmt: skip
+TINY_POLICY = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64,
+               "max_context": 256}  # fmt: skip
+
+
+def test_judge_undoes_only_a_drop_beyond_max_drop():
+    cfg = GuardConfig(tasks=8, max_drop=0.25)
+    assert judge(0.5, 0.25, cfg).kept  # exactly max_drop: kept
+    assert not judge(0.5, 0.125, cfg).kept
+    assert judge(0.5, 0.875, cfg).kept
+    assert judge(0.5, 0.125, cfg).metrics() == {
+        "guard_start": 0.5, "guard_after": 0.125, "guard_reverted": 1.0}  # fmt: skip
+
+
+def test_guard_params_are_validated_by_name():
+    assert Params().train.guard.tasks == 0  # off unless asked for
+    with pytest.raises(ValueError, match="max_drop"):
+        validate({"train": {"guard": {"tasks": 8, "max_drop": 1.5}}})
+    with pytest.raises(ValueError, match="max_dorp"):
+        validate({"train": {"guard": {"max_dorp": 0.1}}})
+
+
+def items_for(vocab: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for k, n in enumerate([10, 12, 14, 9]):
+        ids = torch.randint(5, vocab, (n,), generator=g).tolist()
+        adv = [0.0] * 4 + [1.0 if k % 2 else -1.0] * (n - 4)
+        items.append({"ids": ids, "mask": [0] * 4 + [1] * (n - 4), "adv": adv,
+                      "logprobs": [0.0] + [-2.0] * (n - 1)})  # fmt: skip
+    return items
+
+
+@pytest.mark.parametrize("after, undone", [(0.0, True), (0.5, False)])
+def test_guarded_update_restores_weights_and_moments_on_a_drop(after, undone):
+    from rollwise.policy.build import build_model, train_tokenizer
+
+    tok = train_tokenizer(["the answer is paris"])
+    model = build_model(tok, validate({"policy": TINY_POLICY}).policy)
+    cfg = TrainConfig(lr=1e-2, epochs=1, minibatches=1)
+    opt = make_optimizer(model, cfg)
+    items = items_for(len(tok))
+    train_round(model, items, cfg, opt, tok.pad_token_id)  # moments that are not zero
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = torch.cat([s["exp_avg"].flatten() for s in opt_states(opt)])
+
+    def update() -> dict:
+        return train_round(model, items, cfg, opt, tok.pad_token_id)
+
+    stats, verdict = guarded_update(model, opt, update, lambda: after, 0.5, GuardConfig(tasks=4))
+    same = all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert verdict.kept is not undone and stats["guard_reverted"] == float(undone)
+    assert same is undone and "loss" in stats
+    now = torch.cat([s["exp_avg"].flatten() for s in opt_states(opt)])
+    assert torch.equal(now, moments) is undone
+    train_round(model, items, cfg, opt, tok.pad_token_id)  # the restored optimizer steps on
+
+
+def opt_states(opt) -> list[dict]:
+    parts = getattr(opt, "parts", {"all": opt})
+    return [s for o in parts.values() for s in o.state.values()]
+
+
+@pytest.fixture(scope="module")
+def memorized(tmp_path_factory) -> tuple[Path, Params]:
+    """A one-environment suite and a tiny policy SFT'd on its three train tasks until it solves
+    some of them (a real policy with validation success above zero, in a few seconds)."""
+    from rollwise.envs.generate import generate_suite
+    from rollwise.envs.runtime import load_suite
+    from rollwise.policy.build import save_policy
+    from rollwise.train.warmstart import sft_warm_start
+
+    root = tmp_path_factory.mktemp("guarded")
+    params = validate({"envs": TINY_SUITE, "policy": TINY_POLICY,
+                       "warmstart": {"steps": 150, "batch_size": 6, "optimizer": "muon"},
+                       "rounds": {"01": {"start": "00", "policy": "00"},
+                                  "02": {"start": "01", "policy": "01"}}})  # fmt: skip
+    generate_suite(params.envs, root / "data" / "envs")
+    suite = load_suite(root / "data" / "envs")
+    model, tok, _, _ = sft_warm_start(params, suite)
+    save_policy(model, tok, root / "round_00")
+    return root, params
+
+
+def stage_round(root: Path, params: Params, r: str, lr: float) -> dict:
+    """train@r on four scored episodes of random tokens: a large lr wrecks the policy."""
+    from rollwise.policy.build import load_tokenizer
+    from tasks import train as stage
+
+    items = items_for(len(load_tokenizer(root / "models" / "round_00")))
+    ids = [f"e{k}" for k in range(len(items))]
+    tables = {
+        "rollouts": ("episodes", {"episode_id": ids, "token_ids": [it["ids"] for it in items],
+                                  "loss_mask": [it["mask"] for it in items],
+                                  "logprobs": [it["logprobs"] for it in items]}),
+        "curated": ("decisions", {"episode_id": ids, "kept": [True] * len(items)}),
+        "advantages": ("advantages", {"episode_id": ids, "step": [0] * len(items),
+                                      "advantage": [it["adv"][-1] for it in items],
+                                      "span_start": [4] * len(items),
+                                      "span_end": [len(it["ids"]) for it in items]}),
+    }  # fmt: skip
+    for kind, (name, columns) in tables.items():
+        (root / "data" / kind / f"round_{r}").mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(columns).to_parquet(root / "data" / kind / f"round_{r}" / f"{name}.parquet")
+    guard = GuardConfig(tasks=3, max_drop=0.05)
+    cfg = {"lr": lr, "epochs": 2, "minibatches": 1, "guard": guard}
+    update = {"train": params.train.model_copy(update=cfg)}
+    return stage.run(params.model_copy(update=update), root, r)
+
+
+def test_train_stage_keeps_its_start_when_the_update_collapses(memorized, tmp_path):
+    import shutil
+
+    from rollwise.policy.build import load_policy
+
+    source, params = memorized
+    root = tmp_path / "project"
+    shutil.copytree(source / "data" / "envs", root / "data" / "envs")
+    shutil.copytree(source / "round_00", root / "models" / "round_00")
+    model, tok = load_policy(root / "models" / "round_00")
+    start = validation_success(model, tok, load_suite_of(root), GuardConfig(tasks=3), 256)
+    assert start > 0.05  # the memorized policy solves something: a collapse can show
+
+    metrics = stage_round(root, params, "01", lr=1.0)
+    assert metrics["guard_reverted"] == 1.0 and metrics["guard_start"] == start
+    assert metrics["guard_after"] < start - 0.05
+    before = load_file(root / "models" / "round_00" / "model.safetensors")
+    after = load_file(root / "models" / "round_01" / "model.safetensors")
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    record = json.loads((root / "models" / "round_01" / "guard.json").read_text())
+    assert record["kept"] is False and record["kept_success"] == start
+    marker = json.loads((root / "models" / "round_01" / "rollwise_policy.json").read_text())
+    assert marker == {"round": 1, "from": "00", "reverted": True}
+
+    # round 02 starts from round_01's record (no re-measure) and a harmless step is kept
+    metrics = stage_round(root, params, "02", lr=1e-7)
+    assert metrics["guard_reverted"] == 0.0 and metrics["guard_start"] == start
+    record = json.loads((root / "models" / "round_02" / "guard.json").read_text())
+    assert record["kept"] is True and record["kept_success"] == metrics["guard_after"]
+    moved = load_file(root / "models" / "round_02" / "model.safetensors")
+    assert any(not torch.equal(moved[k], v) for k, v in before.items())
+
+
+def load_suite_of(root: Path):
+    from rollwise.envs.runtime import load_suite
+
+    return load_suite(root / "data" / "envs")
