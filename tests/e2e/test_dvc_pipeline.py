@@ -180,7 +180,7 @@ def test_mlflow_run(pipeline, mlflow_server: str):
     for name in ROLLOUT_METRICS:
         history = client.get_metric_history(run_id, f"rollout/{name}")
         assert sorted(m.step for m in history) == [1, 2], name
-    for name in ("train/episodes", "curate/kept", "credit/turns"):
+    for name in ("train/episodes", "train/guard_after", "curate/kept", "credit/turns"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [1, 2], name
     assert "evaluate/final_success" in runs[0].data.metrics
     assert runs[0].data.params["rollout.samples_per_task"] == "3"
