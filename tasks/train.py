@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,9 +100,10 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     model = export(model)
     verdict = None
     if guarded:
+        t0 = time.perf_counter()
         after = validation_success(model, tokenizer, suite, cfg.guard, params.policy.max_context)
         verdict = judge(start, after, cfg.guard)
-        metrics.update(verdict.metrics())
+        metrics.update(verdict.metrics(), guard_s=time.perf_counter() - t0)
     with atomic_dir(model_dir(root, r)) as out:
         if verdict is None or verdict.kept:
             save_policy(model, tokenizer, out, {"round": int(r), "from": prev})

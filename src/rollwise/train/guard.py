@@ -9,6 +9,7 @@ Train tasks only, ordered by a hash of their ids: the held-out split stays unsee
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -57,11 +58,12 @@ def guarded_update(
     weights = copy.deepcopy(model.state_dict())
     moments = copy.deepcopy(optimizer.state_dict())
     stats = update()
+    t0 = time.perf_counter()
     verdict = judge(start, score(), cfg)
     if not verdict.kept:
         model.load_state_dict(weights)
         optimizer.load_state_dict(moments)
-    return {**stats, **verdict.metrics()}, verdict
+    return {**stats, **verdict.metrics(), "guard_s": time.perf_counter() - t0}, verdict
 
 
 @dataclass
