@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,6 +14,7 @@ from rollwise.config import GuardConfig, Params, TrainConfig, validate
 from rollwise.train.guard import guarded_update, judge, validation_success
 from rollwise.train.optim import make_optimizer
 from rollwise.train.trainer import train_round
+from tests.helpers import write_train_inputs
 
 TINY_SUITE = {"n_envs": 1, "domains": ["shop"], "owners_per_env": 3, "max_records": 1,
               "tasks_per_env": 6, "heldout_envs": 0, "heldout_task_frac": 0.0,
@@ -107,21 +107,7 @@ def stage_round(root: Path, params: Params, r: str, lr: float) -> dict:
     from rollwise.policy.build import load_tokenizer
     from tasks import train as stage
 
-    items = items_for(len(load_tokenizer(root / "models" / "round_00")))
-    ids = [f"e{k}" for k in range(len(items))]
-    tables = {
-        "rollouts": ("episodes", {"episode_id": ids, "token_ids": [it["ids"] for it in items],
-                                  "loss_mask": [it["mask"] for it in items],
-                                  "logprobs": [it["logprobs"] for it in items]}),
-        "curated": ("decisions", {"episode_id": ids, "kept": [True] * len(items)}),
-        "advantages": ("advantages", {"episode_id": ids, "step": [0] * len(items),
-                                      "advantage": [it["adv"][-1] for it in items],
-                                      "span_start": [4] * len(items),
-                                      "span_end": [len(it["ids"]) for it in items]}),
-    }  # fmt: skip
-    for kind, (name, columns) in tables.items():
-        (root / "data" / kind / f"round_{r}").mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(columns).to_parquet(root / "data" / kind / f"round_{r}" / f"{name}.parquet")
+    write_train_inputs(root, r, items_for(len(load_tokenizer(root / "models" / "round_00"))))
     guard = GuardConfig(tasks=3, max_drop=0.05)
     cfg = {"lr": lr, "epochs": 2, "minibatches": 1, "guard": guard}
     update = {"train": params.train.model_copy(update=cfg)}

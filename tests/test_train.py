@@ -28,6 +28,7 @@ from rollwise.train.trainer import (
     train_round,
     training_batch,
 )
+from tests.helpers import write_train_inputs
 
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 
@@ -686,20 +687,7 @@ def stage_root(root, items: list[dict]) -> None:
 
     tok = train_tokenizer(["the answer is paris"])
     save_policy(build_model(tok, TINY), tok, root / "models" / "round_00")
-    ids = [f"e{k}" for k in range(len(items))]
-    tables = {
-        "rollouts": ("episodes", {"episode_id": ids, "token_ids": [it["ids"] for it in items],
-                                  "loss_mask": [it["mask"] for it in items],
-                                  "logprobs": [it["logprobs"] for it in items]}),
-        "curated": ("decisions", {"episode_id": ids, "kept": [True] * len(items)}),
-        "advantages": ("advantages", {"episode_id": ids, "step": [0] * len(items),
-                                      "advantage": [it["adv"][-1] for it in items],
-                                      "span_start": [4] * len(items),
-                                      "span_end": [len(it["ids"]) for it in items]}),
-    }  # fmt: skip
-    for kind, (name, columns) in tables.items():
-        (root / "data" / kind / "round_01").mkdir(parents=True)
-        pd.DataFrame(columns).to_parquet(root / "data" / kind / "round_01" / f"{name}.parquet")
+    write_train_inputs(root, "01", items)
 
 
 def test_torchrun_launch_with_two_gloo_ranks_matches_one_process(tmp_path):
