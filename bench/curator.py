@@ -144,7 +144,7 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
     judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
     bank, demonstrated, too_long, replayed = None, 0, 0, 0
     guard = InProcessGuard(model, tok, suite, p.train.guard, p.policy.max_context)  # arm's suite
-    undone = 0
+    rounds = []
     for r in range(1, args.rounds + 1):
         picked = plan(suite, args, seed, r)
         demos = {}
@@ -202,9 +202,12 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
         stats = guard.update(opt, lambda items=items: train_round(
             model, items, p.train, opt, tok.pad_token_id, ref, temperature=p.rollout.temperature
         ))  # fmt: skip
-        undone += int(stats.get("guard_reverted", 0))
+        rounds.append({"round": r, "sample_success": float(episodes["success"].mean()),
+                       "approx_kl": float(stats.get("approx_kl", 0.0)),
+                       **{k: v for k, v in stats.items() if k.startswith("guard_")}})  # fmt: skip
     return {
-        "guard_undone_rounds": undone,
+        "guard_undone_rounds": sum(int(x.get("guard_reverted", 0)) for x in rounds),
+        "rounds": rounds,
         "arm": arm,
         "seed": seed,
         "heldout_success": heldout(model, tok, clean, p, args),
@@ -332,7 +335,7 @@ def main() -> None:
         suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
 
     def announce(run: dict) -> dict:
-        line = {k: v for k, v in run.items() if k != "judged"}
+        line = {k: v for k, v in run.items() if k not in ("judged", "rounds")}
         print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
         return run
 
@@ -423,6 +426,10 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
             "curated_minus_uncurated_pts": ">= 5",
             "clean_minus_curated_pts": "<= 2",
         },
+        "runs": [
+            {k: r[k] for k in ("arm", "seed", "heldout_success", "guard_undone_rounds", "rounds")}
+            for r in runs
+        ],  # fmt: skip
         "wall_s": wall_s,
     }
 
