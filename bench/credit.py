@@ -64,7 +64,7 @@ from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout import engine  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
-from rollwise.train.guard import InProcessGuard  # noqa: E402
+from rollwise.train.guard import InProcessGuard, travelled_kl  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
 from rollwise.train.warmstart import sft_warm_start  # noqa: E402
@@ -387,8 +387,7 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
         stats = guard.update(opt, lambda items=items: train_round(
             model, items, p.train, opt, tok.pad_token_id, ref, temperature=p.rollout.temperature
         ))  # fmt: skip
-        kl = 0.0 if stats.get("guard_reverted") else float(stats.get("approx_kl", 0.0))
-        drift = next_drift(drift, r, r - 1, kl)  # an undone update moved the policy nowhere
+        drift = next_drift(drift, r, r - 1, travelled_kl(stats))
         rounds.append({"round": r, "episodes": len(episodes),
                        "sample_success": float(episodes["success"].mean()),
                        "approx_kl": float(stats.get("approx_kl", 0.0)),

@@ -26,6 +26,7 @@ from rollwise.credit import ESTIMATORS, trained_reward
 from rollwise.credit.tracker import attach, from_json, next_drift, next_tracker, to_json
 from rollwise.curate import success_bank
 from rollwise.curate.filters import weighted_advantages
+from rollwise.train.guard import travelled_kl
 from tasks.common import (
     atomic_dir,
     log,
@@ -80,8 +81,7 @@ def previous_state(params: Params, root: Path, r: str) -> tuple[pd.DataFrame, di
     if prev not in params.rounds:
         return tracker, drift
     train = json.loads(require(metrics_path(root, f"train@{prev}"), f"train@{prev}").read_text())
-    # an update the guard undid moved nothing: round prev's checkpoint is its start
-    kl = 0.0 if train.get("guard_reverted") else float(train.get("approx_kl", 0.0))
+    kl = travelled_kl(train)
     return tracker, next_drift(drift, int(prev), int(params.rounds[prev].start), kl)
 
 

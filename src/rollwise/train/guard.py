@@ -23,6 +23,11 @@ class Verdict:
     after: float  # ... of the updated policy
     kept: bool  # False: the update was undone
 
+    @property
+    def kept_success(self) -> float:
+        """Validation success of the checkpoint the round leaves: the next round's start."""
+        return self.after if self.kept else self.start
+
     def metrics(self) -> dict[str, float]:
         return {"guard_start": self.start, "guard_after": self.after,
                 "guard_reverted": float(not self.kept)}  # fmt: skip
@@ -90,12 +95,15 @@ class InProcessGuard:
             self.start = self.score()
         stats, verdict = guarded_update(self.model, optimizer, step, self.score, self.start,
                                         self.cfg)  # fmt: skip
-        self.start = verdict.after if verdict.kept else verdict.start
+        self.start = verdict.kept_success
         return stats
 
 
+def travelled_kl(stats: dict) -> float:
+    """The KL a round moved the policy (SPO's drift): its approx_kl, 0 if the guard undid it."""
+    return 0.0 if stats.get("guard_reverted") else float(stats.get("approx_kl", 0.0))
+
+
 def as_record(verdict: Verdict, cfg: GuardConfig) -> dict:
-    """What a checkpoint folder keeps of its guard check; `kept_success` is the checkpoint's
-    own validation success, the next round's start."""
-    kept = verdict.after if verdict.kept else verdict.start
-    return {"tasks": cfg.tasks, **asdict(verdict), "kept_success": kept}
+    """What a checkpoint folder keeps of its guard check (start_success reads it back)."""
+    return {"tasks": cfg.tasks, **asdict(verdict), "kept_success": verdict.kept_success}
