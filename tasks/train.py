@@ -89,7 +89,9 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     rank, world_size = world()
     guarded = cfg.guard.tasks > 0 and rank == 0
     suite = read_suite(envs_dir(root)) if guarded else None
-    start = start_success(params, root, prev, model, tokenizer, suite) if guarded else None
+    start, best = (
+        start_success(params, root, prev, model, tokenizer, suite) if guarded else (None, None)
+    )
     metrics = train_round(
         model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
         temperature=params.rollout.temperature, steps_before=step,
@@ -102,7 +104,7 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     if guarded:
         t0 = time.perf_counter()
         after = validation_success(model, tokenizer, suite, cfg.guard, params.policy.max_context)
-        verdict = judge(start, after, cfg.guard)
+        verdict = judge(start, after, cfg.guard, best)
         metrics.update(verdict.metrics(), guard_s=time.perf_counter() - t0)
     with atomic_dir(model_dir(root, r)) as out:
         if verdict is None or verdict.kept:
@@ -117,24 +119,30 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     if verdict is None or verdict.kept:
         keep_checkpoint(model_dir(root, r), model, tokenizer)
     else:
-        drop = f"{verdict.start:.3f} -> {verdict.after:.3f} (max drop {cfg.guard.max_drop})"
+        drop = f"{verdict.start:.3f} -> {verdict.after:.3f} (best kept {verdict.best:.3f}, "
+        drop += f"max drop {cfg.guard.max_drop} against {cfg.guard.against})"
         log(f"train@{r}", f"guard: validation success {drop}; update undone, round_{r} = {prev}")
     log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
     return metrics
 
 
-def start_success(params: Params, root: Path, prev: str, model, tokenizer, suite) -> float:
-    """Greedy validation success of the round's start: what train@prev recorded for the same
-    task count, else measured now (round_00, or a start trained without the guard)."""
+def start_success(
+    params: Params, root: Path, prev: str, model, tokenizer, suite
+) -> tuple[float, float]:
+    """Greedy validation success of the round's start and of the best checkpoint kept so far:
+    what train@prev recorded for the same task count, else measured now (round_00, or a start
+    trained without the guard: then it is the best too)."""
     from rollwise.train.guard import validation_success
 
     path = model_dir(root, prev) / GUARD_FILE
     if path.exists():
         record = read_json(path, f"train@{prev}")
         if record.get("tasks") == params.train.guard.tasks:
-            return float(record["kept_success"])
+            start = float(record["kept_success"])
+            return start, float(record.get("best_success", start))
     cfg = params.train.guard
-    return validation_success(model, tokenizer, suite, cfg, params.policy.max_context)
+    start = validation_success(model, tokenizer, suite, cfg, params.policy.max_context)
+    return start, start
 
 
 def policy_lag(episodes, start: str, tis_cap: float | None) -> int:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollwise.config import GuardConfig, Params, TrainConfig, validate
-from rollwise.train.guard import guarded_update, judge, validation_success
+from rollwise.train.guard import InProcessGuard, guarded_update, judge, validation_success
 from rollwise.train.optim import make_optimizer
 from rollwise.train.trainer import train_round
 from tests.helpers import write_train_inputs
@@ -29,7 +29,28 @@ def test_judge_undoes_only_a_drop_beyond_max_drop():
     assert not judge(0.5, 0.125, cfg).kept
     assert judge(0.5, 0.875, cfg).kept
     assert judge(0.5, 0.125, cfg).metrics() == {
-        "guard_start": 0.5, "guard_after": 0.125, "guard_reverted": 1.0}  # fmt: skip
+        "guard_start": 0.5, "guard_after": 0.125, "guard_best": 0.5, "guard_reverted": 1.0
+    }  # fmt: skip
+
+
+def test_against_best_stops_a_slide_that_each_round_allows():
+    """Four rounds each 4 points under the last: `start` keeps them all (a 16-point slide),
+    `best` undoes the second, and every later one below 0.70 - 0.05."""
+    scores = [0.66, 0.62, 0.58, 0.54]
+    kept = {}
+    for against in ("start", "best"):
+        guard = InProcessGuard(None, None, None, GuardConfig(tasks=8, max_drop=0.05,
+                               against=against), 0, start=0.70)  # fmt: skip
+        guard.best, kept[against] = 0.70, []
+        for score in scores:
+            verdict = judge(guard.start, score, guard.cfg, guard.best)
+            guard.start, guard.best = verdict.kept_success, verdict.best_success
+            kept[against].append(verdict.kept)
+    assert kept == {"start": [True] * 4, "best": [True, False, False, False]}
+    # a round over the best raises it; one that was undone leaves it
+    up = judge(0.66, 0.75, GuardConfig(tasks=8, against="best"), best=0.70)
+    assert up.kept and up.best_success == 0.75
+    assert judge(0.66, 0.5, GuardConfig(tasks=8), best=0.70).best_success == 0.70
 
 
 def test_guard_params_are_validated_by_name():
@@ -135,7 +156,7 @@ def test_train_stage_keeps_its_start_when_the_update_collapses(memorized, tmp_pa
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     record = json.loads((root / "models" / "round_01" / "guard.json").read_text())
-    assert record["kept"] is False and record["kept_success"] == start
+    assert record["kept"] is False and record["kept_success"] == record["best_success"] == start
     marker = json.loads((root / "models" / "round_01" / "rollwise_policy.json").read_text())
     assert marker == {"round": 1, "from": "00", "reverted": True}
 
@@ -144,6 +165,7 @@ def test_train_stage_keeps_its_start_when_the_update_collapses(memorized, tmp_pa
     assert metrics["guard_reverted"] == 0.0 and metrics["guard_start"] == start
     record = json.loads((root / "models" / "round_02" / "guard.json").read_text())
     assert record["kept"] is True and record["kept_success"] == metrics["guard_after"]
+    assert record["best_success"] == max(start, metrics["guard_after"])
     moved = load_file(root / "models" / "round_02" / "model.safetensors")
     assert any(not torch.equal(moved[k], v) for k, v in before.items())
 

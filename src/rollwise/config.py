@@ -283,10 +283,12 @@ class LoraConfig(Section):
 
 class GuardConfig(Section):
     """Collapse guard (train/guard.py): undo a round whose update lowered greedy success on
-    `tasks` train tasks by more than `max_drop` (a share: 0.05 is 5 points)."""
+    `tasks` train tasks by more than `max_drop` (a share: 0.05 is 5 points) below its start
+    (`against: start`) or below the best checkpoint the run kept (`best`: no slow slide)."""
 
     tasks: int = Field(0, ge=0)  # 0: off
     max_drop: float = Field(0.05, ge=0, le=1)
+    against: Literal["start", "best"] = "start"
 
 
 class TrainConfig(Section):

@@ -1,10 +1,12 @@
 """Collapse guard: a round's update is kept only if greedy success on a fixed set of train tasks
-did not fall more than `train.guard.max_drop` below the checkpoint the round started from; else
-the round's checkpoint is its start, weights and optimizer moments unchanged, and the next round
-tries again with fresh samples. Why: at a learning rate that moves the policy, a few runs in ten
-fell 8-12 held-out points within a round or two, and sampled success on the round's own tasks
-could rise while greedy success fell (README: Credit assignment), so the check decodes greedily.
-Train tasks only, ordered by a hash of their ids: the held-out split stays unseen."""
+did not fall more than `train.guard.max_drop` below the checkpoint the round started from
+(`against: start`) or below the best checkpoint the run has kept (`against: best`, which also
+stops a slide of a few points a round); else the round's checkpoint is its start, weights and
+optimizer moments unchanged, and the next round tries again with fresh samples. Why: at a
+learning rate that moves the policy, a few runs in ten fell 8-12 held-out points within a round
+or two, and sampled success on the round's own tasks could rise while greedy success fell
+(README: Credit assignment), so the check decodes greedily. Train tasks only, ordered by a hash
+of their ids: the held-out split stays unseen."""
 
 from __future__ import annotations
 
@@ -22,20 +24,29 @@ class Verdict:
     start: float  # greedy validation success of the round's start
     after: float  # ... of the updated policy
     kept: bool  # False: the update was undone
+    best: float  # ... of the best checkpoint kept before this round (>= start)
 
     @property
     def kept_success(self) -> float:
         """Validation success of the checkpoint the round leaves: the next round's start."""
         return self.after if self.kept else self.start
 
+    @property
+    def best_success(self) -> float:
+        """The best kept checkpoint's validation success after this round: the next's `best`."""
+        return max(self.best, self.kept_success)
+
     def metrics(self) -> dict[str, float]:
-        return {"guard_start": self.start, "guard_after": self.after,
+        return {"guard_start": self.start, "guard_after": self.after, "guard_best": self.best,
                 "guard_reverted": float(not self.kept)}  # fmt: skip
 
 
-def judge(start: float, after: float, cfg: GuardConfig) -> Verdict:
-    """Keep unless success fell by more than max_drop (a tie at the threshold is kept)."""
-    return Verdict(start, after, kept=after >= start - cfg.max_drop - 1e-9)
+def judge(start: float, after: float, cfg: GuardConfig, best: float | None = None) -> Verdict:
+    """Keep unless success fell more than max_drop below the start, or with `against: best`
+    below the best kept checkpoint (`best`; None: the start). A tie at the threshold is kept."""
+    best = start if best is None else max(best, start)
+    reference = best if cfg.against == "best" else start
+    return Verdict(start, after, after >= reference - cfg.max_drop - 1e-9, best)
 
 
 def validation_success(model, tokenizer, suite, cfg: GuardConfig, max_context: int) -> float:
@@ -56,7 +67,7 @@ def validation_success(model, tokenizer, suite, cfg: GuardConfig, max_context: i
 
 def guarded_update(
     model, optimizer, update: Callable[[], dict], score: Callable[[], float], start: float,
-    cfg: GuardConfig,
+    cfg: GuardConfig, best: float | None = None,
 ) -> tuple[dict, Verdict]:  # fmt: skip
     """In one process (the benches): snapshot model and optimizer, `update()`, `score()` the
     result, and restore the snapshot when judge() says the update collapsed. (stats, verdict)."""
@@ -64,7 +75,7 @@ def guarded_update(
     moments = copy.deepcopy(optimizer.state_dict())
     stats = update()
     t0 = time.perf_counter()
-    verdict = judge(start, score(), cfg)
+    verdict = judge(start, score(), cfg, best)
     if not verdict.kept:
         model.load_state_dict(weights)
         optimizer.load_state_dict(moments)
@@ -74,7 +85,8 @@ def guarded_update(
 @dataclass
 class InProcessGuard:
     """The benches' guard over rounds in one process: each `update` is guarded against the
-    validation success of the last kept policy (measured once, at the first round)."""
+    validation success of the last kept policy (measured once, at the first round) or of the
+    best one kept."""
 
     model: Any
     tokenizer: Any
@@ -82,6 +94,7 @@ class InProcessGuard:
     cfg: GuardConfig
     max_context: int
     start: float | None = None
+    best: float | None = None
 
     def score(self) -> float:
         model, tok, suite = self.model, self.tokenizer, self.suite
@@ -94,8 +107,8 @@ class InProcessGuard:
         if self.start is None:
             self.start = self.score()
         stats, verdict = guarded_update(self.model, optimizer, step, self.score, self.start,
-                                        self.cfg)  # fmt: skip
-        self.start = verdict.kept_success
+                                        self.cfg, self.best)  # fmt: skip
+        self.start, self.best = verdict.kept_success, verdict.best_success
         return stats
 
 
@@ -106,4 +119,5 @@ def travelled_kl(stats: dict) -> float:
 
 def as_record(verdict: Verdict, cfg: GuardConfig) -> dict:
     """What a checkpoint folder keeps of its guard check (start_success reads it back)."""
-    return {"tasks": cfg.tasks, **asdict(verdict), "kept_success": verdict.kept_success}
+    return {"tasks": cfg.tasks, **asdict(verdict), "kept_success": verdict.kept_success,
+            "best_success": verdict.best_success}  # fmt: skip
