@@ -34,31 +34,31 @@ def test_judge_undoes_only_a_drop_beyond_max_drop():
 
 
 def test_against_best_stops_a_slide_that_each_round_allows():
-    """Four rounds each 4 points under the last: `start` keeps them all (a 16-point slide),
-    `best` undoes the second, and every later one below 0.70 - 0.05."""
-    scores = [0.66, 0.62, 0.58, 0.54]
-    kept = {}
+    """Four updates each 4 points under the last: `start` keeps them all (a 16-point slide),
+    `best` undoes the second and every later one below 0.70 - 0.05, weights restored."""
+
+    class Scripted(InProcessGuard):  # validation figures given, not decoded
+        def score(self) -> float:
+            return self.scores.pop(0)
+
+    undone = {}
     for against in ("start", "best"):
-        guard = InProcessGuard(None, None, None, GuardConfig(tasks=8, max_drop=0.05,
-                               against=against), 0, start=0.70)  # fmt: skip
-        guard.best, kept[against] = 0.70, []
-        for score in scores:
-            verdict = judge(guard.start, score, guard.cfg, guard.best)
-            guard.start, guard.best = verdict.kept_success, verdict.best_success
-            kept[against].append(verdict.kept)
-    assert kept == {"start": [True] * 4, "best": [True, False, False, False]}
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cfg = GuardConfig(tasks=8, max_drop=0.05, against=against)
+        guard = Scripted(model, None, None, cfg, 0)
+        guard.scores = [0.70, 0.66, 0.62, 0.58, 0.54]  # the start's, then each update's
+        undone[against] = []
+        for _ in range(4):
+            before = model.weight.detach().clone()
+            stats = guard.update(opt, lambda m=model: {"moved": m.weight.data.add_(1.0).sum()})
+            undone[against].append(bool(stats["guard_reverted"]))
+            assert torch.equal(model.weight, before) is undone[against][-1]
+    assert undone == {"start": [False] * 4, "best": [False, True, True, True]}
     # a round over the best raises it; one that was undone leaves it
     up = judge(0.66, 0.75, GuardConfig(tasks=8, against="best"), best=0.70)
     assert up.kept and up.best_success == 0.75
     assert judge(0.66, 0.5, GuardConfig(tasks=8), best=0.70).best_success == 0.70
-
-
-def test_guard_params_are_validated_by_name():
-    assert Params().train.guard.tasks == 0  # off unless asked for
-    with pytest.raises(ValueError, match="max_drop"):
-        validate({"train": {"guard": {"tasks": 8, "max_drop": 1.5}}})
-    with pytest.raises(ValueError, match="max_dorp"):
-        validate({"train": {"guard": {"max_dorp": 0.1}}})
 
 
 def items_for(vocab: int) -> list[dict]:
