@@ -11,7 +11,9 @@ One process, no orchestration, one torch thread. Three panels:
   value (toy)   the same report against the exact Q of credit/diagnostics.py ToyChain (4-6
                 dependent calls), over `--toy-seeds` batches.
   learning      per arm and seed, `--rounds` rounds of rollout -> credit -> PPO from the warm
-                start, then greedy held-out success on the long held-out tasks. Every arm gets
+                start, then greedy held-out success on the long held-out tasks (with
+                --unseen-suite also on the ~500 long tasks of the warm start's validation
+                suite, whose environments no stage trained on). Every arm gets
                 tasks x G episodes a round: spo and spo_pp get tasks x G tasks of one sample
                 (single stream), their tracker carried across rounds as the pipeline does.
                 The toy chain runs the same comparison with a tabular softmax policy (token-mean
@@ -21,7 +23,7 @@ params: rollwise.train.warmstart.sft_warm_start) is cached under `--cache`.
 
     .venv/bin/python bench/credit.py warmstart.steps=800 [--seeds 0 1 2] [--rounds 2] [--tasks 8] \
         [--mc 12] [--value-tasks 12] [--eval-tasks 64] [--toy-seeds 5] [--arms grpo gigpo ...] \
-        [--skip-llm-learning] \
+        [--unseen-suite] [--skip-llm-learning] \
         [--only-value] [key=value overrides]
 """
 
@@ -67,7 +69,7 @@ from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
 from rollwise.train.guard import InProcessGuard, travelled_kl  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
-from rollwise.train.warmstart import sft_warm_start  # noqa: E402
+from rollwise.train.warmstart import fresh_suite, sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
 
 ARMS = ("grpo", "gigpo", "concal", "iapo", "spo", "spo_pp")  # the issue's learning arms
@@ -397,14 +399,48 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
 
 
 def heldout(model, tok, suite, p, args) -> dict:
-    """Greedy success and mean reward on long held-out tasks (the same tasks for every arm)."""
+    """Greedy success and mean reward on long held-out tasks (the same tasks for every arm);
+    with --unseen-suite also on the long tasks of a suite no stage saw (`unseen_*`)."""
     long = set(long_tasks(suite, "heldout"))
     tasks = [t for t in evaluation_tasks(suite, "heldout", 10**6) if t.task_id in long]
+    out = greedy_success(model, tok, suite, tasks[: args.eval_tasks], p)
+    if args.unseen_dir is not None:
+        unseen = load_suite(args.unseen_dir)
+        picked = [unseen.tasks[t] for t in unseen_long_tasks(unseen, p)]
+        out.update(
+            {f"unseen_{k}": v for k, v in greedy_success(model, tok, unseen, picked, p).items()}
+        )
+    return out
+
+
+def greedy_success(model, tok, suite, tasks: list, p) -> dict:
     limits = Limits(max_context=p.policy.max_context, max_turns=p.rollout.max_turns,
                     max_new_tokens=p.rollout.max_new_tokens, greedy=True)  # fmt: skip
-    episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks[: args.eval_tasks], limits)
-    s = summarize(episodes)
-    return {"success": s["success"], "reward": s["reward"]}
+    s = summarize(evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits))
+    return {"success": s["success"], "reward": s["reward"], "tasks": len(tasks)}
+
+
+def unseen_suite(p, cache: Path, tok) -> Path | None:
+    """The warm start's validation suite (warmstart.stop_at_success: its words are tokens; its
+    environments, databases and tasks were never trained on), for a held-out figure on about
+    three times the suite's 148 long held-out tasks. None when its words are not all tokens."""
+    if p.warmstart.stop_at_success is None:
+        return None
+    folder = cache / f"unseen_{key_of(p.envs.model_dump(), p.warmstart.augment_suites)}"
+    if not folder.exists():
+        fresh_suite(p, folder, p.warmstart.augment_suites + 1)
+    suite = load_suite(folder)
+    unknown = tok.unk_token_id
+    if any(unknown in tok(t.prompt)["input_ids"] for t in suite.tasks.values()):
+        print(json.dumps({"unseen_suite": "skipped: its words are not the warm start's tokens"}))
+        return None
+    return folder
+
+
+def unseen_long_tasks(suite, p) -> list[str]:
+    """Long tasks of the unseen suite, less the check_tasks SFT's stop rule looked at."""
+    checked = {t.task_id for t in evaluation_tasks(suite, "train", p.warmstart.check_tasks)}
+    return [t for t in long_tasks(suite, "train") if t not in checked]
 
 
 def arm_in_worker(method: str, seed: int, folder: Path, suite_dir: Path, p, args) -> dict:
@@ -423,16 +459,25 @@ def learning_panel(folder: Path, suite_dir: Path, p, args, base: dict) -> dict:
         (method, seed, folder, suite_dir, p, args) for seed in args.seeds for method in args.arms
     ]
     runs = run_jobs(arm_in_worker, jobs, args.workers, announce)
-    per_seed = {m: [r["heldout"]["success"] for r in runs if r["method"] == m] for m in args.arms}
-    reward = {m: [r["heldout"]["reward"] for r in runs if r["method"] == m] for m in args.arms}
-    return {
+
+    def per_seed(key: str) -> dict[str, list[float]]:
+        return {m: [r["heldout"][key] for r in runs if r["method"] == m] for m in args.arms}
+
+    panel = {
         "rounds": args.rounds, "episodes_per_round": args.tasks * p.rollout.samples_per_task,
         "eval_tasks": args.eval_tasks, "warmstart_success": base["success"],
         "warmstart_reward": base["reward"],
-        "heldout_success": {m: float(np.mean(v)) for m, v in per_seed.items()},
-        "heldout_reward": {m: float(np.mean(v)) for m, v in reward.items()},
-        "heldout_success_per_seed": per_seed, "runs": runs,
+        "heldout_success": {m: float(np.mean(v)) for m, v in per_seed("success").items()},
+        "heldout_reward": {m: float(np.mean(v)) for m, v in per_seed("reward").items()},
+        "heldout_success_per_seed": per_seed("success"), "runs": runs,
     }  # fmt: skip
+    if "unseen_success" in base:  # --unseen-suite
+        unseen = per_seed("unseen_success")
+        panel.update(unseen_tasks=base["unseen_tasks"],
+                     warmstart_unseen_success=base["unseen_success"],
+                     unseen_success={m: float(np.mean(v)) for m, v in unseen.items()},
+                     unseen_success_per_seed=unseen)  # fmt: skip
+    return panel
 
 
 # ---------------------------------------------------------------------------- output
@@ -464,10 +509,19 @@ def plot(result: dict, path: Path) -> None:
         vals = [100 * v for v in held[m]]
         ax[1, 0].bar(i, np.mean(vals), color="lightgray", edgecolor="black")
         ax[1, 0].scatter([i] * len(vals), vals, color="black", zorder=3)
+    unseen = result.get("learning_llm", {}).get("unseen_success_per_seed", {})
+    for i, m in enumerate(unseen):  # the same runs on the unseen suite's long tasks
+        vals = [100 * v for v in unseen[m]]
+        ax[1, 0].scatter([i + 0.25] * len(vals), vals, facecolors="none", edgecolors="tab:red",
+                         zorder=3, label="unseen suite" if i == 0 else None)  # fmt: skip
+    if unseen:
+        warm = 100 * result["learning_llm"]["warmstart_unseen_success"]
+        ax[1, 0].axhline(warm, ls=":", color="tab:red")
+        ax[1, 0].legend()
     if held:
         ax[1, 0].axhline(100 * result["learning_llm"]["warmstart_success"], ls="--", color="gray")
         ax[1, 0].set_xticks(range(len(held)), list(held))
-        ax[1, 0].set_title("LLM held-out success (%), long tasks; dashed: warm start")
+        ax[1, 0].set_title("LLM held-out success (%), long tasks; lines: warm start")
     for m, curve in result.get("learning_toy", {}).get("curve_mean", {}).items():
         ax[1, 1].plot(100 * np.array(curve), label=m)
     ax[1, 1].set_title("toy chain: exact success (%) per round, mean over seeds")
@@ -500,6 +554,15 @@ def headline(result: dict) -> dict:
         held, reward = (result["learning_llm"][k] for k in ("heldout_success", "heldout_reward"))
         out["concal_minus_gigpo_pts"] = 100 * (held["concal"] - held["gigpo"])
         out["concal_minus_gigpo_reward_pts"] = 100 * (reward["concal"] - reward["gigpo"])
+        llm = result["learning_llm"]
+        if "unseen_success" in llm:  # the same runs on ~3x the tasks: the difference's noise
+            unseen = llm["unseen_success"]
+            out["concal_minus_gigpo_unseen_suite_pts"] = 100 * (unseen["concal"] - unseen["gigpo"])
+            n, m = llm["runs"][0]["heldout"]["tasks"], llm["unseen_tasks"]
+            pooled = (
+                n * out["concal_minus_gigpo_pts"] + m * out["concal_minus_gigpo_unseen_suite_pts"]
+            )
+            out["concal_minus_gigpo_all_long_pts"] = pooled / (n + m)
     if "learning_toy" in result:
         final = result["learning_toy"]["final_success"]
         out["toy_concal_minus_gigpo_pts"] = 100 * (final["concal"] - final["gigpo"])
@@ -532,6 +595,10 @@ def main() -> None:
     parser.add_argument(  # 2 on 2 cores: the arms are independent, one torch thread each
         "--workers", type=int, default=1, help="learning arms run in this many processes"
     )
+    parser.add_argument(  # needs warmstart.stop_at_success (its validation suite's words)
+        "--unseen-suite", action="store_true",
+        help="also evaluate on the long tasks of the warm start's validation suite",
+    )  # fmt: skip
     parser.add_argument("--skip-llm-learning", action="store_true")
     parser.add_argument("--only-value", action="store_true", help="value panels only (no training)")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "credit")
@@ -557,6 +624,7 @@ def main() -> None:
     result["value_llm"] = llm_value_panel(model, tok, suite, p, args)
     print(json.dumps({"value_llm_s": round(result["value_llm"]["wall_s"])}), flush=True)
     if not (args.skip_llm_learning or args.only_value):
+        args.unseen_dir = unseen_suite(p, args.cache, tok) if args.unseen_suite else None
         base = heldout(model, tok, suite, p, args)
         result["learning_llm"] = learning_panel(folder, suite_dir, p, args, base)
     result = {
