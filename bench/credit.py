@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
+from bench.unseen import unseen_suite, unseen_tasks  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
@@ -69,7 +70,7 @@ from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes
 from rollwise.train.guard import InProcessGuard, travelled_kl  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
 from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
-from rollwise.train.warmstart import fresh_suite, sft_warm_start  # noqa: E402
+from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
 
 ARMS = ("grpo", "gigpo", "concal", "iapo", "spo", "spo_pp")  # the issue's learning arms
@@ -406,7 +407,7 @@ def heldout(model, tok, suite, p, args) -> dict:
     out = greedy_success(model, tok, suite, tasks[: args.eval_tasks], p)
     if args.unseen_dir is not None:
         unseen = load_suite(args.unseen_dir)
-        picked = [unseen.tasks[t] for t in unseen_long_tasks(unseen, p)]
+        picked = unseen_tasks(unseen, p, LONG_KINDS)
         out.update(
             {f"unseen_{k}": v for k, v in greedy_success(model, tok, unseen, picked, p).items()}
         )
@@ -418,29 +419,6 @@ def greedy_success(model, tok, suite, tasks: list, p) -> dict:
                     max_new_tokens=p.rollout.max_new_tokens, greedy=True)  # fmt: skip
     s = summarize(evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits))
     return {"success": s["success"], "reward": s["reward"], "tasks": len(tasks)}
-
-
-def unseen_suite(p, cache: Path, tok) -> Path | None:
-    """The warm start's validation suite (warmstart.stop_at_success: its words are tokens; its
-    environments, databases and tasks were never trained on), for a held-out figure on about
-    three times the suite's 148 long held-out tasks. None when its words are not all tokens."""
-    if p.warmstart.stop_at_success is None:
-        return None
-    folder = cache / f"unseen_{key_of(p.envs.model_dump(), p.warmstart.augment_suites)}"
-    if not folder.exists():
-        fresh_suite(p, folder, p.warmstart.augment_suites + 1)
-    suite = load_suite(folder)
-    unknown = tok.unk_token_id
-    if any(unknown in tok(t.prompt)["input_ids"] for t in suite.tasks.values()):
-        print(json.dumps({"unseen_suite": "skipped: its words are not the warm start's tokens"}))
-        return None
-    return folder
-
-
-def unseen_long_tasks(suite, p) -> list[str]:
-    """Long tasks of the unseen suite, less the check_tasks SFT's stop rule looked at."""
-    checked = {t.task_id for t in evaluation_tasks(suite, "train", p.warmstart.check_tasks)}
-    return [t for t in long_tasks(suite, "train") if t not in checked]
 
 
 def arm_in_worker(method: str, seed: int, folder: Path, suite_dir: Path, p, args) -> dict:

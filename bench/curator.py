@@ -12,7 +12,8 @@ the same plan, rounds and rollouts:
   weighted   faults, non-policy episodes kept, advantages scaled by 1 - confidence
   demos      curated, and a task banked in an earlier round opens with its best success
   positives  curated, and banked successes of the round's tasks join their GRPO group
-after which held-out success is measured greedily on the clean suite's held-out tasks. Each
+after which held-out success is measured greedily on the clean suite's held-out tasks (with
+--unseen-suite also on the ~900 tasks of the warm start's validation suite: bench/unseen.py). Each
 round's tasks are drawn from a fixed pool per seed (`--pool`) so that tasks come back and the
 success bank has something to give (with the whole train split, rounds barely overlap).
 
@@ -24,7 +25,7 @@ Precision and recall are over failed episodes, pooled over seeds and rounds of t
 
     .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] [--pool 32] \
         [--arms clean uncurated curated ...] [--eval-tasks 96] [--sft-steps 400] [--workers 2] \
-        [--out bench/results/curator.json] [key=value ...]
+        [--unseen-suite] [--out bench/results/curator.json] [key=value ...]
 
 `curated_minus_uncurated_pts` and `clean_minus_curated_pts` are those of the best curating arm
 (`best_arm`, picked on these same seeds: an optimistic choice); `arm_minus_uncurated_pts` has
@@ -55,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
+from bench.unseen import unseen_suite, unseen_tasks  # noqa: E402
 from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.curate import success_bank  # noqa: E402
@@ -211,6 +213,7 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
         "arm": arm,
         "seed": seed,
         "heldout_success": heldout(model, tok, clean, p, args),
+        "unseen_success": unseen_success(model, tok, p, args),
         "episodes": episodes_spent,
         "rollout_verifier_calls": rollout_verifier,
         "curator_verifier_calls": spent,
@@ -238,6 +241,16 @@ def heldout(model, tok, clean, p, args) -> float:
     tasks = evaluation_tasks(clean, "heldout", args.eval_tasks)
     limits = Limits(max_context=p.policy.max_context, greedy=True)
     return summarize(evaluate_policy(HFBackend(model, tok), tok, clean, tasks, limits))["success"]
+
+
+def unseen_success(model, tok, p, args) -> float | None:
+    """Greedy success on the unseen suite's tasks (--unseen-suite; bench/unseen.py), else None."""
+    if args.unseen_dir is None:
+        return None
+    suite = load_suite(args.unseen_dir)
+    limits = Limits(max_context=p.policy.max_context, greedy=True)
+    episodes = evaluate_policy(HFBackend(model, tok), tok, suite, unseen_tasks(suite, p), limits)
+    return summarize(episodes)["success"]
 
 
 def confusion(judged: pd.DataFrame) -> dict:
@@ -314,6 +327,10 @@ def main() -> None:
     parser.add_argument(  # 2 on 2 cores: the arms are independent, one torch thread each
         "--workers", type=int, default=1, help="arms run in this many processes"
     )
+    parser.add_argument(  # needs warmstart.stop_at_success (its validation suite's words)
+        "--unseen-suite", action="store_true",
+        help="also evaluate on the warm start's validation suite (bench/unseen.py)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "curator.json")
     args = parser.parse_args()
     missing = [a for a in ("clean", "uncurated", "curated") if a not in args.arms]
@@ -329,8 +346,11 @@ def main() -> None:
     model_dir = warm_start(p, args.cache, clean, args.warm_start)
     sft_s = time.perf_counter() - t0
     model, tok = load_policy(model_dir)
+    args.unseen_dir = unseen_suite(p, args.cache, tok) if args.unseen_suite else None
     base = heldout(model, tok, clean, p, args)
-    print(json.dumps({"warmstart_heldout": base, "setup_s": round(sft_s)}), flush=True)
+    base_unseen = unseen_success(model, tok, p, args)
+    print(json.dumps({"warmstart_heldout": base, "warmstart_unseen": base_unseen,
+                      "setup_s": round(sft_s)}), flush=True)  # fmt: skip
     for seed in args.seeds:  # built here once, before workers read them from the cache
         suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
 
@@ -342,6 +362,8 @@ def main() -> None:
     jobs = [(arm, seed, model_dir, p, args) for seed in args.seeds for arm in args.arms]
     runs = run_jobs(arm_in_worker, jobs, args.workers, announce)
     result = summarize_runs(runs, base, args, time.perf_counter() - t0)
+    if args.unseen_dir is not None:
+        result.update(unseen_summary(runs, base_unseen, result["best_arm"], p, args))
     result["setup_s"] = sft_s
     result["warm_start"] = str(args.warm_start or "built")
     n_heldout = len(evaluation_tasks(clean, "heldout", args.eval_tasks))
@@ -427,10 +449,33 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
             "clean_minus_curated_pts": "<= 2",
         },
         "runs": [
-            {k: r[k] for k in ("arm", "seed", "heldout_success", "guard_undone_rounds", "rounds")}
+            {
+                k: r[k]
+                for k in (
+                    "arm",
+                    "seed",
+                    "heldout_success",
+                    "unseen_success",
+                    "guard_undone_rounds",
+                    "rounds",
+                )
+            }  # fmt: skip
             for r in runs
         ],  # fmt: skip
         "wall_s": wall_s,
+    }
+
+
+def unseen_summary(runs: list[dict], warm: float, best: str, p, args) -> dict:
+    """The same runs on the unseen suite: its figures beside the held-out headline ones."""
+    held = {arm: [r["unseen_success"] for r in runs if r["arm"] == arm] for arm in args.arms}
+    mean = {arm: sum(v) / len(v) for arm, v in held.items()}
+    return {
+        "unseen": {"warmstart": warm, **held},
+        "unseen_tasks": len(unseen_tasks(load_suite(args.unseen_dir), p)),
+        "unseen_mean": mean,
+        "curated_minus_uncurated_unseen_suite_pts": 100 * (mean[best] - mean["uncurated"]),
+        "clean_minus_curated_unseen_suite_pts": 100 * (mean["clean"] - mean[best]),
     }
 
 
