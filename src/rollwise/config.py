@@ -288,7 +288,7 @@ class GuardConfig(Section):
 
     tasks: int = Field(0, ge=0)  # 0: off
     max_drop: float = Field(0.05, ge=0, le=1)
-    against: Literal["start", "best"] = "start"
+    against: Literal["start", "best"] = "best"  # bench/results/curator_guarded_best.json
 
 
 class TrainConfig(Section):
