@@ -292,6 +292,15 @@ def plot(result: dict, path: Path) -> None:
         a.bar(i, sum(vals) / len(vals), color="lightgray", edgecolor="black")
         a.scatter([i] * len(vals), vals, color="black", zorder=3)
     a.axhline(100 * held["warmstart"], ls="--", color="gray", label="warm start")
+    unseen = result.get("unseen", {})  # --unseen-suite: the same runs on the unseen suite
+    for i, arm in enumerate(arms):
+        if arm in unseen:
+            vals = [100 * v for v in unseen[arm]]
+            first = "unseen suite" if i == 0 else None
+            a.scatter([i + 0.25] * len(vals), vals, facecolors="none", edgecolors="tab:red",
+                      zorder=3, label=first)  # fmt: skip
+    if unseen:
+        a.axhline(100 * unseen["warmstart"], ls=":", color="tab:red", label="warm start, unseen")
     a.set_xticks(range(len(arms)), arms, rotation=20)
     a.set_ylabel("held-out success (%)")
     a.set_title(f"same rollout budget, {len(held['uncurated'])} seeds")
