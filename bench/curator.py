@@ -398,6 +398,10 @@ def main() -> None:
     )
 
 
+# what the result file keeps of each run (its judged episodes are summarized, not kept)
+RUN_FIGURES = ("arm", "seed", "heldout_success", "unseen_success", "guard_undone_rounds", "rounds")
+
+
 def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
     by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in args.arms}
     curated = pd.concat([r["judged"] for r in by_arm["curated"]], ignore_index=True)
@@ -457,20 +461,7 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
             "curated_minus_uncurated_pts": ">= 5",
             "clean_minus_curated_pts": "<= 2",
         },
-        "runs": [
-            {
-                k: r[k]
-                for k in (
-                    "arm",
-                    "seed",
-                    "heldout_success",
-                    "unseen_success",
-                    "guard_undone_rounds",
-                    "rounds",
-                )
-            }  # fmt: skip
-            for r in runs
-        ],  # fmt: skip
+        "runs": [{k: r[k] for k in RUN_FIGURES} for r in runs],
         "wall_s": wall_s,
     }
 

@@ -33,6 +33,14 @@ def test_judge_undoes_only_a_drop_beyond_max_drop():
     }  # fmt: skip
 
 
+def test_guard_params_are_validated_by_name():
+    assert Params().train.guard.tasks == 0  # off unless asked for
+    with pytest.raises(ValueError, match="max_drop"):
+        validate({"train": {"guard": {"tasks": 8, "max_drop": 1.5}}})
+    with pytest.raises(ValueError, match="max_dorp"):
+        validate({"train": {"guard": {"max_dorp": 0.1}}})
+
+
 def test_against_best_stops_a_slide_that_each_round_allows():
     """Four updates each 4 points under the last: `start` keeps them all (a 16-point slide),
     `best` undoes the second and every later one below 0.70 - 0.05, weights restored."""
