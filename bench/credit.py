@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
-from bench.unseen import unseen_suite, unseen_tasks  # noqa: E402
+from bench.unseen import guard_suite, unseen_suite, unseen_tasks  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
@@ -377,7 +377,8 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
     cfg = p.credit.model_copy(update={"method": method})
     tracker, drift, rounds = empty_tracker(), {0: 0.0}, []
     pool = long_tasks(suite, "train")
-    guard = InProcessGuard(model, tok, suite, p.train.guard, p.policy.max_context)
+    checked = guard_suite(suite, p, args.unseen_dir)
+    guard = InProcessGuard(model, tok, checked, p.train.guard, p.policy.max_context)
     for r in range(1, args.rounds + 1):
         n_tasks = args.tasks * p.rollout.samples_per_task // g  # equal episodes per round
         picked = random.Random(seed * 1000 + r).sample(pool, min(n_tasks, len(pool)))

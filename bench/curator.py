@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
-from bench.unseen import unseen_suite, unseen_tasks  # noqa: E402
+from bench.unseen import guard_suite, unseen_suite, unseen_tasks  # noqa: E402
 from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.curate import success_bank  # noqa: E402
@@ -145,7 +145,8 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
     cur = None if ARMS[arm] is None else p.curate.model_copy(update=ARMS[arm])
     judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
     bank, demonstrated, too_long, replayed = None, 0, 0, 0
-    guard = InProcessGuard(model, tok, suite, p.train.guard, p.policy.max_context)  # arm's suite
+    checked = guard_suite(suite, p, args.unseen_dir)  # the arm's suite, or the validation one
+    guard = InProcessGuard(model, tok, checked, p.train.guard, p.policy.max_context)
     rounds = []
     for r in range(1, args.rounds + 1):
         picked = plan(suite, args, seed, r)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollwise.envs.runtime import Suite, load_suite
 from rollwise.evaluate.full import evaluation_tasks
-from rollwise.train.warmstart import fresh_suite
+from rollwise.train.warmstart import validation_suite
 
 
 def unseen_suite(p, cache: Path, tok) -> Path | None:
@@ -25,7 +25,7 @@ def unseen_suite(p, cache: Path, tok) -> Path | None:
     key = json.dumps([p.envs.model_dump(), p.warmstart.augment_suites], sort_keys=True)
     folder = cache / f"unseen_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     if not folder.exists():
-        fresh_suite(p, folder, p.warmstart.augment_suites + 1)
+        validation_suite(p, folder)
     suite = load_suite(folder)
     if any(tok.unk_token_id in tok(t.prompt)["input_ids"] for t in suite.tasks.values()):
         print(json.dumps({"unseen_suite": "skipped: its words are not the warm start's tokens"}))
@@ -34,7 +34,20 @@ def unseen_suite(p, cache: Path, tok) -> Path | None:
 
 
 def unseen_tasks(suite: Suite, p, kinds: set[str] | None = None) -> list:
-    """Its tasks (of `kinds`, or all) in evaluate/full.py's order, less SFT's check tasks."""
+    """Its tasks (of `kinds`, or all) in evaluate/full.py's order, less SFT's check tasks and,
+    with `train.guard.suite: validation`, the guard's (both take the first tasks of that order)."""
     ordered = evaluation_tasks(suite, "train", 10**6)
-    checked = {t.task_id for t in ordered[: p.warmstart.check_tasks]}
+    guard = p.train.guard
+    seen = max(p.warmstart.check_tasks, guard.tasks if guard.suite == "validation" else 0)
+    checked = {t.task_id for t in ordered[:seen]}
     return [t for t in ordered if t.task_id not in checked and (kinds is None or t.kind in kinds)]
+
+
+def guard_suite(suite: Suite, p, unseen_dir: Path | None) -> Suite:
+    """The suite a bench's guard validates on: the arm's own (`train.guard.suite: train`) or,
+    with `validation`, this one, as train@r does (the pipeline generates the same suite)."""
+    if p.train.guard.suite == "train" or p.train.guard.tasks == 0:
+        return suite
+    if unseen_dir is None:
+        raise SystemExit("train.guard.suite=validation: pass --unseen-suite (the suite it reads)")
+    return load_suite(unseen_dir)

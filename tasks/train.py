@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -88,24 +90,25 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
         ref = load_policy(model_dir(root, "00"))[0].to(next(model.parameters()).device)
     rank, world_size = world()
     guarded = cfg.guard.tasks > 0 and rank == 0
-    suite = read_suite(envs_dir(root)) if guarded else None
-    start, best = (
-        start_success(params, root, prev, model, tokenizer, suite) if guarded else (None, None)
-    )
-    metrics = train_round(
-        model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
-        temperature=params.rollout.temperature, steps_before=step,
-    )  # fmt: skip
-    metrics["world_size"], metrics["policy_lag"] = world_size, lag
-    if rank != 0:
-        return metrics
-    model = export(model)
-    verdict = None
-    if guarded:
-        t0 = time.perf_counter()
-        after = validation_success(model, tokenizer, suite, cfg.guard, params.policy.max_context)
-        verdict = judge(start, after, cfg.guard, best)
-        metrics.update(verdict.metrics(), guard_s=time.perf_counter() - t0)
+    with guard_suite(params, root, tokenizer) if guarded else nullcontext() as suite:
+        start, best = (
+            start_success(params, root, prev, model, tokenizer, suite) if guarded else (None, None)
+        )
+        metrics = train_round(
+            model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
+            temperature=params.rollout.temperature, steps_before=step,
+        )  # fmt: skip
+        metrics["world_size"], metrics["policy_lag"] = world_size, lag
+        if rank != 0:
+            return metrics
+        model = export(model)
+        verdict = None
+        if guarded:
+            t0 = time.perf_counter()
+            max_context = params.policy.max_context
+            after = validation_success(model, tokenizer, suite, cfg.guard, max_context)
+            verdict = judge(start, after, cfg.guard, best)
+            metrics.update(verdict.metrics(), guard_s=time.perf_counter() - t0)
     with atomic_dir(model_dir(root, r)) as out:
         if verdict is None or verdict.kept:
             save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
@@ -126,6 +129,19 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     return metrics
 
 
+@contextmanager
+def guard_suite(params: Params, root: Path, tokenizer) -> Iterator:
+    """The suite train.guard validates on: the run's own (`suite: train`) or the warm start's
+    validation suite, generated for the round (~1 s) into a scratch folder it needs while open."""
+    from rollwise.train.guard import validation_guard_suite
+
+    if params.train.guard.suite == "train":
+        yield read_suite(envs_dir(root))
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        yield validation_guard_suite(params, Path(scratch) / "validation", tokenizer)
+
+
 def start_success(
     params: Params, root: Path, prev: str, model, tokenizer, suite
 ) -> tuple[float, float]:
@@ -137,7 +153,8 @@ def start_success(
     path = model_dir(root, prev) / GUARD_FILE
     if path.exists():
         record = read_json(path, f"train@{prev}")
-        if record.get("tasks") == params.train.guard.tasks:
+        same = (record.get("tasks"), record.get("suite", "train"))
+        if same == (params.train.guard.tasks, params.train.guard.suite):
             start = float(record["kept_success"])
             return start, float(record.get("best_success", start))
     cfg = params.train.guard

@@ -3,7 +3,7 @@ suite, offered only when its words are the tokenizer's, less the tasks SFT's sto
 
 from __future__ import annotations
 
-from bench.unseen import unseen_suite, unseen_tasks
+from bench.unseen import guard_suite, unseen_suite, unseen_tasks
 from rollwise.config import validate
 from rollwise.envs.runtime import load_suite
 from rollwise.evaluate.full import evaluation_tasks
@@ -32,3 +32,11 @@ def test_unseen_suite_needs_its_words_and_leaves_out_the_checked_tasks(tmp_path)
     long = unseen_tasks(suite, p, {"status", "amount", "cancel"})
     assert long and {t.kind for t in long} <= {"status", "amount", "cancel"}
     assert [t.task_id for t in long] == [t.task_id for t in picked if t in long]
+
+    # a guard validating on this suite looks at its first guard.tasks tasks: left out too
+    guard = {"tasks": 8, "suite": "validation"}
+    guarded = validate({"envs": ENVS, "warmstart": warm, "train": {"guard": guard}})
+    assert unseen_tasks(suite, guarded) == picked[3:]
+    on_train = validate({"envs": ENVS, "warmstart": warm, "train": {"guard": {"tasks": 8}}})
+    assert guard_suite(suite, on_train, folder) is suite  # suite: train reads the arm's own
+    assert set(guard_suite(suite, guarded, folder).tasks) == set(validation.tasks)

@@ -113,7 +113,8 @@ def opt_states(opt) -> list[dict]:
 @pytest.fixture(scope="module")
 def memorized(tmp_path_factory) -> tuple[Path, Params]:
     """A one-environment suite and a tiny policy SFT'd on its three train tasks until it solves
-    some of them (a real policy with validation success above zero, in a few seconds)."""
+    some of them (a real policy with validation success above zero, in a few seconds). The stop
+    rule is set but never checked: it puts the validation suite's words in the tokenizer."""
     from rollwise.envs.generate import generate_suite
     from rollwise.envs.runtime import load_suite
     from rollwise.policy.build import save_policy
@@ -121,7 +122,8 @@ def memorized(tmp_path_factory) -> tuple[Path, Params]:
 
     root = tmp_path_factory.mktemp("guarded")
     params = validate({"envs": TINY_SUITE, "policy": TINY_POLICY,
-                       "warmstart": {"steps": 150, "batch_size": 6, "optimizer": "muon"},
+                       "warmstart": {"steps": 150, "batch_size": 6, "optimizer": "muon",
+                                     "stop_at_success": 0.99, "check_every": 10**6},
                        "rounds": {"01": {"start": "00", "policy": "00"},
                                   "02": {"start": "01", "policy": "01"}}})  # fmt: skip
     generate_suite(params.envs, root / "data" / "envs")
@@ -131,13 +133,13 @@ def memorized(tmp_path_factory) -> tuple[Path, Params]:
     return root, params
 
 
-def stage_round(root: Path, params: Params, r: str, lr: float) -> dict:
+def stage_round(root: Path, params: Params, r: str, lr: float, suite: str = "train") -> dict:
     """train@r on four scored episodes of random tokens: a large lr wrecks the policy."""
     from rollwise.policy.build import load_tokenizer
     from tasks import train as stage
 
     write_train_inputs(root, r, items_for(len(load_tokenizer(root / "models" / "round_00"))))
-    guard = GuardConfig(tasks=3, max_drop=0.05)
+    guard = GuardConfig(tasks=3, max_drop=0.05, suite=suite)
     cfg = {"lr": lr, "epochs": 2, "minibatches": 1, "guard": guard}
     update = {"train": params.train.model_copy(update=cfg)}
     return stage.run(params.model_copy(update=update), root, r)
@@ -176,6 +178,46 @@ def test_train_stage_keeps_its_start_when_the_update_collapses(memorized, tmp_pa
     assert record["best_success"] == max(start, metrics["guard_after"])
     moved = load_file(root / "models" / "round_02" / "model.safetensors")
     assert any(not torch.equal(moved[k], v) for k, v in before.items())
+
+
+def test_train_stage_validates_on_the_validation_suite_when_asked(memorized, tmp_path):
+    """suite: validation decodes the warm start's validation suite (other environments, where
+    the memorized policy solves less than on its train tasks), and its record says so."""
+    import shutil
+
+    from rollwise.policy.build import load_policy
+    from rollwise.train.warmstart import validation_suite
+
+    source, params = memorized
+    root = tmp_path / "project"
+    shutil.copytree(source / "data" / "envs", root / "data" / "envs")
+    shutil.copytree(source / "round_00", root / "models" / "round_00")
+    model, tok = load_policy(root / "models" / "round_00")
+    cfg = GuardConfig(tasks=3, suite="validation")
+    on_train = validation_success(model, tok, load_suite_of(root), cfg, 256)
+    on_validation = validation_success(
+        model, tok, validation_suite(params, tmp_path / "v"), cfg, 256
+    )
+    assert on_validation != on_train  # the two suites tell apart which one the stage read
+
+    metrics = stage_round(root, params, "01", lr=1e-7, suite="validation")
+    assert metrics["guard_start"] == on_validation and metrics["guard_reverted"] == 0.0
+    record = json.loads((root / "models" / "round_01" / "guard.json").read_text())
+    assert record["suite"] == "validation" and record["kept"] is True
+    # a start recorded for the other suite is measured again, not reused
+    metrics = stage_round(root, params, "02", lr=1e-7, suite="train")
+    assert metrics["guard_start"] == validation_success(
+        load_policy(root / "models" / "round_01")[0], tok, load_suite_of(root), cfg, 256
+    )
+
+
+def test_validation_suite_refuses_a_tokenizer_without_its_words(tmp_path):
+    from rollwise.policy.build import train_tokenizer
+    from rollwise.train.guard import validation_guard_suite
+
+    params = validate({"envs": TINY_SUITE, "train": {"guard": {"tasks": 2, "suite": "validation"}}})
+    with pytest.raises(ValueError, match="train.guard.suite: validation"):
+        validation_guard_suite(params, tmp_path / "v", train_tokenizer(["nothing of it"]))
 
 
 def load_suite_of(root: Path):

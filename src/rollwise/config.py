@@ -283,12 +283,16 @@ class LoraConfig(Section):
 
 class GuardConfig(Section):
     """Collapse guard (train/guard.py): undo a round whose update lowered greedy success on
-    `tasks` train tasks by more than `max_drop` (a share: 0.05 is 5 points) below its start
-    (`against: start`) or below the best checkpoint the run kept (`best`: no slow slide)."""
+    `tasks` validation tasks by more than `max_drop` (a share: 0.05 is 5 points) below its start
+    (`against: start`) or below the best checkpoint the run kept (`best`: no slow slide). The
+    tasks are the suite's train tasks (`suite: train`) or the warm start's validation suite's,
+    in environments no stage trains on (`suite: validation`: it sees a loss that does not
+    carry to new environments)."""
 
     tasks: int = Field(0, ge=0)  # 0: off
     max_drop: float = Field(0.05, ge=0, le=1)
     against: Literal["start", "best"] = "best"  # bench/results/curator_guarded_best.json
+    suite: Literal["train", "validation"] = "train"
 
 
 class TrainConfig(Section):

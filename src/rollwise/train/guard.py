@@ -6,7 +6,9 @@ optimizer moments unchanged, and the next round tries again with fresh samples. 
 learning rate that moves the policy, a few runs in ten fell 8-12 held-out points within a round
 or two, and sampled success on the round's own tasks could rise while greedy success fell
 (README: Credit assignment), so the check decodes greedily. Train tasks only, ordered by a hash
-of their ids: the held-out split stays unseen."""
+of their ids: the held-out split stays unseen. `suite: validation` takes them from the warm
+start's validation suite instead, whose environments no stage trains on: a round that gains on
+the trained environments and loses on new ones is undone too (README: Where it stands)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,24 @@ def validation_success(model, tokenizer, suite, cfg: GuardConfig, max_context: i
     return float(episodes["success"].mean())
 
 
+def validation_guard_suite(params, folder, tokenizer):
+    """`suite: validation`'s suite, generated into `folder`. Refused when the guard's tasks hold
+    words the policy's tokenizer lacks (a built warm start has them only with stop_at_success)."""
+    from rollwise.evaluate.full import evaluation_tasks
+    from rollwise.train.warmstart import validation_suite
+
+    suite = validation_suite(params, folder)
+    unknown = tokenizer.unk_token_id
+    for task in evaluation_tasks(suite, "train", params.train.guard.tasks):
+        if unknown is not None and unknown in tokenizer(task.prompt)["input_ids"]:
+            raise ValueError(
+                "train.guard.suite: validation: the validation suite's words are not the "
+                f"policy's tokens (task {task.task_id}); build the warm start with "
+                "warmstart.stop_at_success set, which adds them, or use suite: train"
+            )
+    return suite
+
+
 def guarded_update(
     model, optimizer, update: Callable[[], dict], score: Callable[[], float], start: float,
     cfg: GuardConfig, best: float | None = None,
@@ -119,5 +139,5 @@ def travelled_kl(stats: dict) -> float:
 
 def as_record(verdict: Verdict, cfg: GuardConfig) -> dict:
     """What a checkpoint folder keeps of its guard check (start_success reads it back)."""
-    return {"tasks": cfg.tasks, **asdict(verdict), "kept_success": verdict.kept_success,
-            "best_success": verdict.best_success}  # fmt: skip
+    return {"tasks": cfg.tasks, "suite": cfg.suite, **asdict(verdict),
+            "kept_success": verdict.kept_success, "best_success": verdict.best_success}  # fmt: skip

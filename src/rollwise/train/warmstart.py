@@ -33,7 +33,7 @@ def sft_warm_start(
                 raise ValueError(
                     "warmstart.stop_at_success needs the synthetic suite (envs.custom is set)"
                 )
-            validation = fresh_suite(params, Path(scratch) / "validation", w.augment_suites + 1)
+            validation = validation_suite(params, Path(scratch) / "validation")
         tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []))
         model = build_model(tokenizer, params.policy)
         train = [
@@ -93,6 +93,15 @@ def fresh_suite(params: Params, folder: Path, k: int) -> Suite:
     )  # fmt: skip
     generate_suite(cfg, folder)
     return load_suite(folder)
+
+
+def validation_suite(params: Params, folder: Path) -> Suite:
+    """The generator's suite after the augment suites: the stop rule's validation tasks (its
+    words are in the built tokenizer when stop_at_success is set), in environments no stage
+    trains on; `train.guard.suite: validation` and bench/unseen.py read it too."""
+    if params.envs.custom:
+        raise ValueError("the validation suite needs the synthetic suite (envs.custom is set)")
+    return fresh_suite(params, folder, params.warmstart.augment_suites + 1)
 
 
 def suite_tokenizer(*suites: Suite):
