@@ -766,3 +766,21 @@ def test_masked_logprobs_equal_the_full_logits_ones_on_policy_tokens(model_and_p
     torch.testing.assert_close(logp[where], want[where], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy[where], want_entropy[where], atol=1e-5, rtol=1e-5)
     assert not logp[~where].any() and not entropy[~where].any()
+
+
+def test_adam_eps_damps_the_step_of_weights_with_tiny_gradients():
+    """At torch's eps a weight whose gradient is 1e-6 moves as far as one whose gradient is 1
+    (Adam's step is about lr either way); with train.adam_eps above 1e-6 it barely moves."""
+    moved = {}
+    for eps in (1e-8, 1e-4):
+        model = torch.nn.Linear(2, 1, bias=False)
+        torch.nn.init.zeros_(model.weight)
+        opt = make_optimizer(model, TrainConfig(lr=1e-3, adam_eps=eps))
+        assert [g["eps"] for g in opt.param_groups] == [eps]
+        model.weight.grad = torch.tensor([[1.0, 1e-6]])
+        opt.step()
+        moved[eps] = model.weight.detach().abs()[0]
+    assert moved[1e-8][1] > 0.5 * moved[1e-8][0]  # the tiny gradient took about a full step
+    assert moved[1e-4][1] < 0.05 * moved[1e-4][0]  # damped: it moves ~1% of the big one's step
+    muon = make_optimizer(fresh_model()[0], TrainConfig(optimizer="muon", adam_eps=1e-4))
+    assert [g["eps"] for g in muon.parts["adamw"].param_groups] == [1e-4]

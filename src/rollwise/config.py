@@ -305,6 +305,7 @@ class TrainConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     kl_coef: float = Field(0.0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
+    adam_eps: float = Field(1e-8, gt=0)  # AdamW's eps: above an RL gradient's size it damps noise
     seed: int = 0
     # train/loss.py AGGREGATIONS: how token losses become one number
     loss_agg: Literal[

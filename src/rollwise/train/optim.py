@@ -62,11 +62,15 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list, list]:
     return hidden, rest
 
 
+def adamw_knobs(cfg) -> dict[str, float]:
+    """AdamW's settings from params `train`. Its eps floors the per-weight step's denominator:
+    at torch's 1e-8 every weight an RL gradient touches at all moves by about lr, noise or not."""
+    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "eps": cfg.adam_eps}
+
+
 def adamw(model: torch.nn.Module, cfg) -> Optimizers:
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(
-        [{"params": params, LR_KEY: "lr"}], lr=cfg.lr, weight_decay=cfg.weight_decay
-    )
+    opt = torch.optim.AdamW([{"params": params, LR_KEY: "lr"}], **adamw_knobs(cfg))
     return Optimizers({"adamw": opt})
 
 
@@ -84,9 +88,7 @@ def muon(model: torch.nn.Module, cfg) -> Optimizers:
         )
     }
     if rest:
-        parts["adamw"] = torch.optim.AdamW(
-            [{"params": rest, LR_KEY: "lr"}], lr=cfg.lr, weight_decay=cfg.weight_decay
-        )
+        parts["adamw"] = torch.optim.AdamW([{"params": rest, LR_KEY: "lr"}], **adamw_knobs(cfg))
     return Optimizers(parts)
 
 
