@@ -5,7 +5,8 @@ bench/credit.py trains and scores long tasks (status, amount, cancel) only, whil
 warm start, runs one round of that recipe (GRPO, `--tasks` long train tasks x G, the trainer of
 the pipeline) once per variant (extra overrides), and reports greedy success per kind on the
 guard's tasks and on the long held-out tasks, before and after. Every variant starts from the
-same weights and trains on the same sampled episodes (sampled once, before any update).
+same weights and trains on the same sampled episodes (sampled once, before any update), under
+`--orders` minibatch shuffles (train.seed + i): which kind a round breaks depends on it.
 
     .venv/bin/python bench/forgetting.py warmstart.steps=800 warmstart.stop_at_success=0.5 \
         train.lr=0.0005 train.kl_coef=0.2 train.minibatches=4 rollout.temperature=0.5 \
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "credit")
     parser.add_argument("--tasks", type=int, default=128, help="long train tasks in the round")
     parser.add_argument("--guard-tasks", type=int, default=128)
+    parser.add_argument("--orders", type=int, default=3, help="shuffles (train.seed + i) a variant")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/forgetting.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -84,23 +86,31 @@ def main() -> None:
     episodes = trained_reward(episodes.assign(policy_version=0), base.credit.reward)
     adv = ESTIMATORS["grpo"](episodes, steps, base.credit.model_copy(update={"method": "grpo"}))
     items = training_batch(episodes, adv)
+    long_kinds = {t.kind for t in heldout}
     result = {}
     for variant in args.variants:
         extra = {} if variant == "base" else parse(variant.split(","))
         p = validate(apply_overrides(read_raw(ROOT / "params.yaml"),
                                      {**parse(args.overrides), **extra}))  # fmt: skip
-        model, tok = load_policy(folder)
-        torch.manual_seed(0)
-        stats = train_round(model, items, p.train, make_optimizer(model, p.train),
-                            tok.pad_token_id, kl_anchor(model, p.train),
-                            temperature=p.rollout.temperature)  # fmt: skip
-        result[variant] = {
-            "guard": greedy_by_kind(model, tok, suite, guard, p),
-            "long_heldout": greedy_by_kind(model, tok, suite, heldout, p),
-            **{k: round(float(stats[k]), 4) for k in ("approx_kl", "kl_ref", "grad_norm")
-               if k in stats},
-        }  # fmt: skip
-        print(json.dumps({variant: result[variant]}), flush=True)
+        result[variant] = []
+        for order in range(args.orders):  # train.seed + order: the minibatch shuffle
+            model, tok = load_policy(folder)
+            cfg = p.train.model_copy(update={"seed": p.train.seed + order})
+            optimizer, anchor = make_optimizer(model, cfg), kl_anchor(model, cfg)
+            stats = train_round(model, items, cfg, optimizer, tok.pad_token_id, anchor,
+                                temperature=p.rollout.temperature)  # fmt: skip
+            after = greedy_by_kind(model, tok, suite, guard, p)
+            drops = {k: start["guard"]["by_kind"][k] - v for k, v in after["by_kind"].items()
+                     if k not in long_kinds}  # fmt: skip
+            result[variant].append({
+                "order": order, "guard": after,
+                "long_heldout": greedy_by_kind(model, tok, suite, heldout, p),
+                "worst_untrained_kind": max(drops, key=drops.get),
+                "worst_untrained_drop_pts": round(max(drops.values()), 1),
+                **{k: round(float(stats[k]), 4) for k in ("approx_kl", "kl_ref", "grad_norm")
+                   if k in stats},
+            })  # fmt: skip
+            print(json.dumps({variant: result[variant][-1]}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": "python bench/forgetting.py " + " ".join(sys.argv[1:]),
@@ -109,9 +119,10 @@ def main() -> None:
         "round_sample_success": round(float(episodes["success"].mean()), 3),
         "start": start,
         "after_one_round": result,
-        "count_drop_pts": {v: round(start["guard"]["by_kind"].get("count", 0.0)
-                                    - r["guard"]["by_kind"].get("count", 0.0), 1)
-                           for v, r in result.items()},
+        "worst_untrained_drop_pts": {v: [r["worst_untrained_drop_pts"] for r in runs]
+                                     for v, runs in result.items()},
+        "long_heldout_after": {v: [r["long_heldout"]["success"] for r in runs]
+                               for v, runs in result.items()},
     }, indent=1) + "\n")  # fmt: skip
 
 
