@@ -53,6 +53,13 @@ def greedy_by_kind(model, tok, suite, tasks: list, p) -> dict:
             "by_kind": {k: round(100 * float(v), 1) for k, v in by_kind.items()}}  # fmt: skip
 
 
+def worst_untrained(before: dict, after: dict, trained: set[str]) -> tuple[str, float]:
+    """The kind outside `trained` whose success (points, by kind) fell most, and by how much."""
+    drops = {k: before[k] - v for k, v in after.items() if k not in trained}
+    worst = max(drops, key=drops.get)
+    return worst, round(drops[worst], 1)
+
+
 def parse(pairs: list[str]) -> dict:
     return {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in pairs)}
 
@@ -100,13 +107,12 @@ def main() -> None:
             stats = train_round(model, items, cfg, optimizer, tok.pad_token_id, anchor,
                                 temperature=p.rollout.temperature)  # fmt: skip
             after = greedy_by_kind(model, tok, suite, guard, p)
-            drops = {k: start["guard"]["by_kind"][k] - v for k, v in after["by_kind"].items()
-                     if k not in long_kinds}  # fmt: skip
+            worst, drop = worst_untrained(start["guard"]["by_kind"], after["by_kind"], long_kinds)
             result[variant].append({
                 "order": order, "guard": after,
                 "long_heldout": greedy_by_kind(model, tok, suite, heldout, p),
-                "worst_untrained_kind": max(drops, key=drops.get),
-                "worst_untrained_drop_pts": round(max(drops.values()), 1),
+                "worst_untrained_kind": worst,
+                "worst_untrained_drop_pts": drop,
                 **{k: round(float(stats[k]), 4) for k in ("approx_kl", "kl_ref", "grad_norm")
                    if k in stats},
             })  # fmt: skip

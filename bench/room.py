@@ -47,24 +47,33 @@ from rollwise.rollout.engine import Limits  # noqa: E402
 
 
 def room(model, tok, suite, tasks: list, p) -> dict:
-    """Greedy success, one sample's success, pass@G and their gap (points), per task pooled."""
+    """room_figures for the policy's greedy episodes and G samples a task at the rollout's T."""
     limits = Limits(max_context=p.policy.max_context, max_turns=p.rollout.max_turns,
                     max_new_tokens=p.rollout.max_new_tokens, greedy=True)  # fmt: skip
     greedy = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
-    greedy = greedy.groupby("task_id")["success"].max().astype(float)
     drawn = sampled(model, tok, suite, tasks, p, p.rollout.samples_per_task, p.rollout.temperature)
+    return room_figures(greedy, drawn)
+
+
+def room_figures(greedy: pd.DataFrame, drawn: pd.DataFrame) -> dict:
+    """Greedy success, one sample's success, pass@G and their gap (points), per task pooled,
+    from one greedy episode and G sampled episodes a task (`task_id`, `success` columns)."""
     per_task = drawn.groupby("task_id")["success"]
-    table = pd.DataFrame({"greedy": greedy, "rate": per_task.mean(), "hit": per_task.max()})
-    missed = table["greedy"] == 0
+    table = pd.DataFrame({
+        "greedy": greedy.groupby("task_id")["success"].max().astype(float),
+        "rate": per_task.mean().astype(float),
+        "hit": per_task.max().astype(bool),
+    })  # fmt: skip
+    solved_by_sample_only = (table["greedy"] == 0) & table["hit"]
     return {
         "tasks": len(table),
         "greedy": round(100 * table["greedy"].mean(), 1),
         "sampled": round(100 * table["rate"].mean(), 1),
-        "pass_at_g": round(100 * table["hit"].astype(float).mean(), 1),
-        "room_pts": round(100 * (table["hit"].astype(float) - table["greedy"]).mean(), 1),
+        "pass_at_g": round(100 * table["hit"].mean(), 1),
+        "room_pts": round(100 * (table["hit"] - table["greedy"]).mean(), 1),
         # where the room is: tasks greedy fails that a sample solves, and how often it does
-        "greedy_missed_sample_solved_pct": round(100 * (missed & table["hit"]).mean(), 1),
-        "sample_rate_on_those": round(float(table.loc[missed & table["hit"], "rate"].mean()), 3),
+        "greedy_missed_sample_solved_pct": round(100 * solved_by_sample_only.mean(), 1),
+        "sample_rate_on_those": round(float(table.loc[solved_by_sample_only, "rate"].mean()), 3),
     }
 
 
