@@ -30,21 +30,19 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.credit import long_tasks, sample, setup  # noqa: E402
+from bench.credit import limits_of, long_tasks, sample, setup  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
 from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import Limits  # noqa: E402
 from rollwise.train.trainer import kl_anchor, make_optimizer, train_round, training_batch  # noqa: E402
 
 
 def greedy_by_kind(model, tok, suite, tasks: list, p) -> dict:
     """Greedy success overall and per task kind (percent)."""
-    limits = Limits(max_context=p.policy.max_context, max_turns=p.rollout.max_turns,
-                    max_new_tokens=p.rollout.max_new_tokens, greedy=True)  # fmt: skip
+    limits = limits_of(p, seed=0, greedy=True)
     episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
     model.train()
     kinds = episodes["task_id"].map({t.task_id: t.kind for t in tasks})

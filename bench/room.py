@@ -34,7 +34,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.credit import LONG_KINDS, long_tasks, setup  # noqa: E402
+from bench.credit import LONG_KINDS, limits_of, long_tasks, setup  # noqa: E402
 from bench.generalization import sampled  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from bench.unseen import unseen_suite, unseen_tasks  # noqa: E402
@@ -43,13 +43,11 @@ from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
 from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import Limits  # noqa: E402
 
 
 def room(model, tok, suite, tasks: list, p) -> dict:
     """room_figures for the policy's greedy episodes and G samples a task at the rollout's T."""
-    limits = Limits(max_context=p.policy.max_context, max_turns=p.rollout.max_turns,
-                    max_new_tokens=p.rollout.max_new_tokens, greedy=True)  # fmt: skip
+    limits = limits_of(p, seed=0, greedy=True)
     greedy = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
     drawn = sampled(model, tok, suite, tasks, p, p.rollout.samples_per_task, p.rollout.temperature)
     return room_figures(greedy, drawn)
