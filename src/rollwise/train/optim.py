@@ -63,9 +63,11 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list, list]:
 
 
 def adamw_knobs(cfg) -> dict[str, float]:
-    """AdamW's settings from params `train`. Its eps floors the per-weight step's denominator:
-    at torch's 1e-8 every weight an RL gradient touches at all moves by about lr, noise or not."""
-    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "eps": cfg.adam_eps}
+    """AdamW's settings from params `train` or `warmstart`. Its eps floors the per-weight step's
+    denominator: at torch's 1e-8 every weight an RL gradient touches at all moves by about lr,
+    noise or not. `warmstart` has no eps knob (SFT's gradients are not noise): torch's."""
+    eps = getattr(cfg, "adam_eps", 1e-8)
+    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "eps": eps}
 
 
 def adamw(model: torch.nn.Module, cfg) -> Optimizers:
