@@ -105,6 +105,12 @@ def long_tasks(suite, split: str) -> list[str]:
     return sorted(t.task_id for t in suite.split(split) if t.kind in LONG_KINDS)
 
 
+def long_heldout_tasks(suite) -> list:
+    """The long held-out tasks every arm is scored on, in evaluate/full.py's order."""
+    long = set(long_tasks(suite, "heldout"))
+    return [t for t in evaluation_tasks(suite, "heldout", 10**6) if t.task_id in long]
+
+
 def limits_of(p, seed: int, greedy: bool = False) -> Limits:
     r = p.rollout
     return Limits(
@@ -403,9 +409,7 @@ def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
 def heldout(model, tok, suite, p, args) -> dict:
     """Greedy success and mean reward on long held-out tasks (the same tasks for every arm);
     with --unseen-suite also on the long tasks of a suite no stage saw (`unseen_*`)."""
-    long = set(long_tasks(suite, "heldout"))
-    tasks = [t for t in evaluation_tasks(suite, "heldout", 10**6) if t.task_id in long]
-    out = greedy_success(model, tok, suite, tasks[: args.eval_tasks], p)
+    out = greedy_success(model, tok, suite, long_heldout_tasks(suite)[: args.eval_tasks], p)
     if args.unseen_dir is not None:
         unseen = load_suite(args.unseen_dir)
         picked = unseen_tasks(unseen, p, LONG_KINDS)

@@ -31,7 +31,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.credit import limits_of, long_tasks, sample, setup  # noqa: E402
+from bench.credit import limits_of, long_heldout_tasks, long_tasks, sample, setup  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
@@ -81,13 +81,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/forgetting.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    base = validate(apply_overrides(read_raw(ROOT / "params.yaml"), parse(args.overrides)))
+    raw, overrides = read_raw(ROOT / "params.yaml"), parse(args.overrides)
+    base = validate(apply_overrides(raw, overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
     suite, _, folder = setup(base, args.cache, args.warm_start)
     model, tok = load_policy(folder)
     guard = evaluation_tasks(suite, "train", args.guard_tasks)
-    held = set(long_tasks(suite, "heldout"))
-    heldout = [t for t in evaluation_tasks(suite, "heldout", 10**6) if t.task_id in held]
+    heldout = long_heldout_tasks(suite)
     start = {"guard": greedy_by_kind(model, tok, suite, guard, base),
              "long_heldout": greedy_by_kind(model, tok, suite, heldout, base)}  # fmt: skip
     print(json.dumps({"start": start}), flush=True)
@@ -102,8 +102,7 @@ def main() -> None:
     for variant in args.variants:
         extra = {} if variant == "base" else parse(variant.split(","))
         frozen = bool(extra.pop(FREEZE, False))
-        p = validate(apply_overrides(read_raw(ROOT / "params.yaml"),
-                                     {**parse(args.overrides), **extra}))  # fmt: skip
+        p = validate(apply_overrides(raw, {**overrides, **extra}))
         result[variant] = []
         for order in range(args.orders):  # train.seed + order: the minibatch shuffle
             model, tok = load_policy(folder)

@@ -34,7 +34,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.credit import LONG_KINDS, limits_of, long_tasks, setup  # noqa: E402
+from bench.credit import LONG_KINDS, limits_of, long_heldout_tasks, long_tasks, setup  # noqa: E402
 from bench.generalization import sampled  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from bench.unseen import unseen_suite, unseen_tasks  # noqa: E402
@@ -91,11 +91,9 @@ def main() -> None:
     suite, _, folder = setup(p, args.cache, args.warm_start)
     model, tok = load_policy(folder)
     model.eval()
-    long_heldout = set(long_tasks(suite, "heldout"))
     train_ids = random.Random(0).sample(long_tasks(suite, "train"), args.train_tasks)
     sets = {
-        "credit_long_heldout": (suite, [t for t in evaluation_tasks(suite, "heldout", 10**6)
-                                        if t.task_id in long_heldout]),
+        "credit_long_heldout": (suite, long_heldout_tasks(suite)),
         "curator_heldout": (suite, evaluation_tasks(suite, "heldout", args.eval_tasks)),
         "credit_long_train": (suite, [suite.tasks[t] for t in sorted(train_ids)]),
     }  # fmt: skip
