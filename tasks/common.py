@@ -250,3 +250,87 @@ def timed_stage(stage: str, run, params: Params, root: Path, r: str | None = Non
     finish_stage(root, params, stage if r is None else f"{stage}@{r}", metrics,
                  None if r is None else int(r))  # fmt: skip
     return metrics
+
+
+# ---------------------------------------------------------------------------- round state
+def stage_of_model(r: str) -> str:
+    return "warmstart" if r == "00" else f"train@{r}"
+
+
+def stage_of_state(r: str, stage: str) -> str:
+    """Round 00's (empty) scheduler, curator and credit states come with the warm start."""
+    return "warmstart" if r == "00" else f"{stage}@{r}"
+
+
+def round_state(root: Path, r: str, *parts: str):
+    """The loop.RoundState round `r`'s stages left on disk, the `parts` a stage reads of it:
+    "rollout" (the scheduler's history), "curate" (quarantine and success bank), "credit"
+    (SPO's tracker and the drift so far). A missing or damaged file names its stage."""
+    from rollwise.loop import RoundState
+
+    state = RoundState()
+    if "rollout" in parts:
+        state.history = read_history(root, r)
+    if "curate" in parts:
+        folder = round_dir(root, "curated", r)
+        stage = stage_of_state(r, "curate")
+        state.quarantine = read_table(folder / "quarantine.parquet", stage)
+        state.bank = read_table(folder / "success_bank.parquet", stage)
+    if "credit" in parts:
+        from rollwise.credit.tracker import from_json
+
+        path = round_dir(root, "advantages", r) / CREDIT_STATE
+        state.tracker, state.drift = from_json(read_json(path, stage_of_state(r, "credit")))
+    return state
+
+
+CREDIT_STATE = "credit_state.json"
+
+
+def read_history(root: Path, r: str):
+    """The scheduler's history in round r's state file; unreadable or of the wrong shape, the
+    error names the file and the stage that writes it."""
+    from rollwise.schedule.history import from_state
+
+    stage = stage_of_state(r, "rollout")
+    path = round_dir(root, "rollouts", r) / "scheduler_state.json"
+    try:
+        return from_state(read_json(path, stage))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        if isinstance(e, CorruptArtifact):
+            raise
+        raise corrupt(path, stage, e) from e
+
+
+def round_batch(root: Path, r: str, with_steps: bool = True):
+    """(training batch, its steps, the curator's decisions) of round r: the kept episodes plus
+    replayed positives (loop.kept_episodes), as credit@r and train@r both read them (train@r
+    needs no steps: None)."""
+    from rollwise.loop import kept_episodes, with_positive_steps
+
+    rollouts, curated = round_dir(root, "rollouts", r), round_dir(root, "curated", r)
+    episodes = read_table(rollouts / "episodes.parquet", f"rollout@{r}")
+    steps = read_table(rollouts / "steps.parquet", f"rollout@{r}") if with_steps else None
+    decisions = read_table(curated / "decisions.parquet", f"curate@{r}")
+    path = curated / "positives.parquet"  # written only when curate.replay_positives > 0
+    positives = read_table(path, f"curate@{r}") if path.exists() else None
+    batch = kept_episodes(episodes, decisions, positives)
+    if steps is not None:
+        steps = with_positive_steps(steps, positives)
+    return batch, steps, decisions
+
+
+def with_train_drift(params: Params, root: Path, r: str, state):
+    """The state with the KL of train@r-1 added to its drift: the update that made policy
+    version r-1 (none for round 01: its start is the warm start). Drift is kept per version, so
+    episodes sampled with an older version (rollout.policy_lag) find theirs."""
+    from rollwise.credit.tracker import next_drift
+    from rollwise.train.guard import travelled_kl
+
+    prev = params.rounds[r].start
+    if prev not in params.rounds:
+        return state
+    train = read_json(metrics_path(root, f"train@{prev}"), f"train@{prev}")
+    start = int(params.rounds[prev].start)
+    state.drift = next_drift(state.drift, int(prev), start, travelled_kl(train))
+    return state

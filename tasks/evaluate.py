@@ -40,9 +40,9 @@ from tasks.common import (
     report_progress,
     require,
     stage_main,
+    stage_of_model,
     write_json,
 )
-from tasks.rollout import stage_of_model
 
 CANDIDATES_OUT = Path("data") / "eval_candidates"  # the standalone CLI's default --out
 

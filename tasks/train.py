@@ -13,18 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import numpy as np
-
+from rollwise import loop
 from rollwise.config import Params
 from tasks.common import (
     atomic_dir,
@@ -36,12 +33,12 @@ from tasks.common import (
     read_json,
     read_suite,
     read_table,
+    round_batch,
     round_dir,
     stage_main,
+    stage_of_model,
     write_json,
 )
-from tasks.credit import kept_episodes
-from tasks.rollout import stage_of_model
 
 # Set for the ranks of a torchrun launch: the folder with params.json (in) and metrics.json (out).
 LAUNCH_ENV = "ROLLWISE_TRAIN_LAUNCH"
@@ -56,63 +53,39 @@ def run(params: Params, root: Path, r: str) -> dict:
 
 
 def train(params: Params, root: Path, r: str, device=None) -> dict:
-    """This process's share of the round; rank 0 (or the only process) saves the checkpoint."""
-    import torch
-
+    """This process's share of the round (rollwise.loop.train); rank 0 (or the only process)
+    saves the checkpoint: the updated weights, or a copy of the start's if train.guard undid
+    the update."""
     from rollwise.policy.build import MARKER, load_policy, save_policy
-    from rollwise.train.guard import as_record, judge, validation_success
-    from rollwise.train.optim import apply_lrs, make_optimizer
-    from rollwise.train.prepare import export, prepare
-    from rollwise.train.trainer import load_state, save_state, train_round, training_batch, world
+    from rollwise.train.guard import as_record
+    from rollwise.train.trainer import read_state, world, write_state
 
     cfg, prev = params.train, params.rounds[r].start
-    seed = cfg.seed * 1000 + int(r)
-    # Every RNG the trainer state saves is seeded, so a rerun writes byte-identical outputs (and
-    # every DDP rank draws the same LoRA initialization).
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
     concurrent = params.rollout.policy_lag > 0  # rollout@r+1 may be sampling with `prev` now
     model, tokenizer = load_checkpoint(
         model_dir(root, prev), stage_of_model(prev), take=True, concurrent=concurrent
     )
     advantages = read_table(round_dir(root, "advantages", r) / "advantages.parquet", f"credit@{r}")
-    episodes = kept_episodes(root, r)
-    lag = policy_lag(episodes, prev, cfg.tis_cap)
-    items = training_batch(episodes, advantages)
-    model = prepare(model, cfg, device)
-    optimizer = make_optimizer(model, cfg)
-    # LoRA: round r's adapters are new (r-1's are merged into its weights): no moments to resume
-    step = load_state(model_dir(root, prev), optimizer if cfg.lora is None else None).step
-    apply_lrs(optimizer, cfg)  # the params' lrs win over the saved ones
+    episodes, _, _ = round_batch(root, r, with_steps=False)
     ref = None
     if cfg.kl_coef > 0:
-        ref = load_policy(model_dir(root, "00"))[0].to(next(model.parameters()).device)
-    rank, world_size = world()
-    guarded = cfg.guard.tasks > 0 and rank == 0
+        ref = load_policy(model_dir(root, "00"))[0].to(device or next(model.parameters()).device)
+    guarded = cfg.guard.tasks > 0 and world()[0] == 0
     with guard_suite(params, root, tokenizer) if guarded else nullcontext() as suite:
-        start, best = (
-            start_success(params, root, prev, model, tokenizer, suite) if guarded else (None, None)
-        )
-        metrics = train_round(
-            model, items, cfg, optimizer, tokenizer.pad_token_id, ref,
-            temperature=params.rollout.temperature, steps_before=step,
-        )  # fmt: skip
-        metrics["world_size"], metrics["policy_lag"] = world_size, lag
-        if rank != 0:
-            return metrics
-        model = export(model)
-        verdict = None
+        guard = None
         if guarded:
-            t0 = time.perf_counter()
-            max_context = params.policy.max_context
-            after = validation_success(model, tokenizer, suite, cfg.guard, max_context)
-            verdict = judge(start, after, cfg.guard, best)
-            metrics.update(verdict.metrics(), guard_s=time.perf_counter() - t0)
+            start, best = start_success(params, root, prev, model, tokenizer, suite)
+            guard = loop.guard_check(params, tokenizer, suite, start, best)
+        trainer = read_state(model_dir(root, prev))
+        done = loop.train(params, model, tokenizer, trainer, episodes, advantages, int(r), ref,
+                          guard, device)  # fmt: skip
+    metrics, verdict = done.metrics, done.verdict
+    if world()[0] != 0:  # a DDP rank > 0: rank 0 writes
+        return metrics
     with atomic_dir(model_dir(root, r)) as out:
         if verdict is None or verdict.kept:
-            save_policy(model, tokenizer, out, {"round": int(r), "from": prev})
-            save_state(out, optimizer, step + int(metrics.get("optimizer_steps", 0)))
+            save_policy(done.model, tokenizer, out, {"round": int(r), "from": prev})
+            write_state(out, done.trainer)  # kept: always a snapshot
         else:  # the update is undone: this round's checkpoint is its start, moments and all
             shutil.copytree(model_dir(root, prev), out, dirs_exist_ok=True)
             info = {"round": int(r), "from": prev, "reverted": True}
@@ -120,12 +93,12 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
         if verdict is not None:
             write_json(out / GUARD_FILE, as_record(verdict, cfg.guard))
     if verdict is None or verdict.kept:
-        keep_checkpoint(model_dir(root, r), model, tokenizer)
+        keep_checkpoint(model_dir(root, r), done.model, tokenizer)
     else:
         drop = f"{verdict.start:.3f} -> {verdict.after:.3f} (best kept {verdict.best:.3f}, "
         drop += f"max drop {cfg.guard.max_drop} against {cfg.guard.against})"
         log(f"train@{r}", f"guard: validation success {drop}; update undone, round_{r} = {prev}")
-    log(f"train@{r}", f"{len(items)} episodes with signal, loss {metrics.get('loss', 0):.4f}")
+    log(f"train@{r}", f"{len(episodes)} episodes, loss {metrics.get('loss', 0):.4f}")
     return metrics
 
 
@@ -160,24 +133,6 @@ def start_success(
     cfg = params.train.guard
     start = validation_success(model, tokenizer, suite, cfg, params.policy.max_context)
     return start, start
-
-
-def policy_lag(episodes, start: str, tis_cap: float | None) -> int:
-    """Versions between the checkpoint being trained and the oldest that sampled the round's
-    own episodes (banked replays keep their versions and are not counted). A lag without
-    train.tis_cap would train on off-policy samples uncorrected: refused."""
-    from rollwise.curate.success_bank import REPLAY_PREFIX
-
-    own = episodes[~episodes["episode_id"].str.startswith(REPLAY_PREFIX)]
-    if own.empty or "policy_version" not in own:
-        return 0
-    lag = int(start) - int(own["policy_version"].min())
-    if lag > 0 and tis_cap is None:
-        raise ValueError(
-            f"the rollout sampled with a checkpoint {lag} version(s) older than round {start} "
-            "(rollout.policy_lag): set train.tis_cap (e.g. 2.0) to correct it"
-        )
-    return lag
 
 
 def launch(params: Params, root: Path, r: str) -> dict:

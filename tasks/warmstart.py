@@ -8,14 +8,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rollwise import loop
 from rollwise.config import Params
-from rollwise.envs.runtime import load_suite
-from rollwise.train.warmstart import sft_warm_start
 from tasks.common import (
+    CREDIT_STATE,
     atomic_dir,
     envs_dir,
     log,
     model_dir,
+    read_suite,
     report_progress,
     require,
     round_dir,
@@ -27,10 +28,8 @@ from tasks.common import (
 def run(params: Params, root: Path) -> dict:
     from rollwise.policy.build import save_policy
 
-    suite = load_suite(require(envs_dir(root), "generate"))
-    initial_schedule_state(root)
-    initial_credit_state(root)
-    initial_curate_state(root)
+    suite = read_suite(require(envs_dir(root), "generate"))
+    initial_states(root)
     if params.policy.model:
         return copy_user_model(Path(params.policy.model), model_dir(root, "00"))
 
@@ -38,46 +37,39 @@ def run(params: Params, root: Path) -> dict:
         if step % 25 == 0 or step == params.warmstart.steps - 1:
             report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
 
-    checks: list[dict] = []
-    model, tokenizer, losses, n_demos = sft_warm_start(params, suite, progress, checks)
+    model, tokenizer, info = loop.warm_start(params, suite, on_step=progress)
     n_params = sum(p.numel() for p in model.parameters())
-    log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {n_demos} demos")
-    for c in checks:
+    log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {info['demos']} demos")
+    for c in info["checks"]:
         log("warmstart", f"step {c['step']}: validation success {c['validation_success']:.3f}")
     with atomic_dir(model_dir(root, "00")) as out:
-        save_policy(
-            model, tokenizer, out, {"built_from": "policy params", "sft_steps": len(losses)}
-        )
+        save_policy(model, tokenizer, out,
+                    {"built_from": "policy params", "sft_steps": info["sft_steps"]})  # fmt: skip
+    checks = info["checks"]
     return {
         "params_m": n_params / 1e6,
-        "sft_final_loss": losses[-1] if losses else 0.0,
-        "demos": n_demos,
-        "sft_steps": len(losses),
+        "sft_final_loss": info["sft_final_loss"],
+        "demos": info["demos"],
+        "sft_steps": info["sft_steps"],
         **({"validation_success": checks[-1]["validation_success"]} if checks else {}),
     }
 
 
-def initial_schedule_state(root: Path) -> None:
-    """Round 00's scheduler state: nothing observed yet. rollout@01 reads it the way every later
-    round reads its predecessor's, so dvc.yaml has one dependency pattern for all rounds."""
+def initial_states(root: Path) -> None:
+    """Round 00's scheduler, credit and curator states: nothing observed yet (loop.RoundState's
+    defaults). Round 01's stages read them the way every later round reads its predecessor's,
+    so dvc.yaml has one dependency pattern for all rounds."""
+    from rollwise.credit.tracker import to_json
+    from rollwise.schedule.history import to_state
+
+    state = loop.RoundState()
     with atomic_dir(round_dir(root, "rollouts", "00")) as out:
-        write_json(out / "scheduler_state.json", {"round": 0, "history": {}})
-
-
-def initial_credit_state(root: Path) -> None:
-    """Round 00's credit state: no task tracked, no policy drift. credit@01 reads it the way
-    every later round reads its predecessor's (tasks/credit.py, credit/tracker.py)."""
+        write_json(out / "scheduler_state.json", {**to_state(None, round=0), "history": {}})
     with atomic_dir(round_dir(root, "advantages", "00")) as out:
-        write_json(out / "credit_state.json", {"round": 0, "drift": {"0": 0.0}, "tracker": {}})
-
-
-def initial_curate_state(root: Path) -> None:
-    """Round 00's curated folder: an empty success bank and quarantine list. curate@01 reads it
-    the way every later round reads its predecessor's (tasks/curate.py)."""
-    from tasks.curate import write_initial_state
-
+        write_json(out / CREDIT_STATE, to_json(state.tracker, state.drift, 0))
     with atomic_dir(round_dir(root, "curated", "00")) as out:
-        write_initial_state(out)
+        state.bank.to_parquet(out / "success_bank.parquet")
+        state.quarantine.to_parquet(out / "quarantine.parquet")
 
 
 def copy_user_model(src: Path, dst: Path) -> dict:

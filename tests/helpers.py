@@ -97,23 +97,29 @@ def first_difference(x, y) -> str:
     return f"{x!r:.200} vs {y!r:.200}"
 
 
-def write_train_inputs(root: Path, r: str, items: list[dict]) -> None:
-    """What train@r reads besides its start checkpoint: round r's episodes, curator decisions
-    and advantages, from trainer items (one turn per episode, its advantage the item's last)."""
+def train_tables(items: list[dict]) -> dict:
+    """Round tables from trainer items: {folder kind: (file stem, frame)} of the episodes,
+    curator decisions and advantages (one turn per episode, its advantage the item's last)."""
     import pandas as pd
 
     ids = [f"e{k}" for k in range(len(items))]
-    tables = {
-        "rollouts": ("episodes", {"episode_id": ids, "token_ids": [it["ids"] for it in items],
-                                  "loss_mask": [it["mask"] for it in items],
-                                  "logprobs": [it["logprobs"] for it in items]}),
-        "curated": ("decisions", {"episode_id": ids, "kept": [True] * len(items)}),
-        "advantages": ("advantages", {"episode_id": ids, "step": [0] * len(items),
-                                      "advantage": [it["adv"][-1] for it in items],
-                                      "span_start": [4] * len(items),
-                                      "span_end": [len(it["ids"]) for it in items]}),
+    return {
+        "rollouts": ("episodes", pd.DataFrame({"episode_id": ids,
+                                               "token_ids": [it["ids"] for it in items],
+                                               "loss_mask": [it["mask"] for it in items],
+                                               "logprobs": [it["logprobs"] for it in items]})),
+        "curated": ("decisions", pd.DataFrame({"episode_id": ids, "kept": [True] * len(items)})),
+        "advantages": ("advantages", pd.DataFrame({
+            "episode_id": ids, "step": [0] * len(items),
+            "advantage": [it["adv"][-1] for it in items], "span_start": [4] * len(items),
+            "span_end": [len(it["ids"]) for it in items]})),
     }  # fmt: skip
-    for kind, (name, columns) in tables.items():
+
+
+def write_train_inputs(root: Path, r: str, items: list[dict]) -> None:
+    """What train@r reads besides its start checkpoint: round r's episodes, curator decisions
+    and advantages (train_tables)."""
+    for kind, (name, frame) in train_tables(items).items():
         folder = root / "data" / kind / f"round_{r}"
         folder.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(columns).to_parquet(folder / f"{name}.parquet")
+        frame.to_parquet(folder / f"{name}.parquet")

@@ -55,16 +55,20 @@ def test_every_error_is_reported():
     assert "train.lr" in msg and "train.epochs" in msg
 
 
+def link(start: str, rollout_round: str) -> dict:
+    return {"start": start, "rollout_round": rollout_round}
+
+
 @pytest.mark.parametrize(
     "rounds",
     [
         {"01": "00", "02": "01"},  # the old format: one checkpoint per round
-        {"01": {"start": "00", "policy": "00"}, "03": {"start": "02", "policy": "02"}},
-        {"01": {"start": "01", "policy": "01"}},
-        {"1": {"start": "0", "policy": "0"}},
-        {"02": {"start": "01", "policy": "01"}},
-        {"01": {"start": "00", "policy": "00"}, "02": {"start": "00", "policy": "00"}},
-        {"01": {"start": "00", "policy": "00"}, "02": {"start": "01", "policy": "00"}},  # lag 0
+        {"01": link("00", "00"), "03": link("02", "02")},
+        {"01": link("01", "01")},
+        {"1": link("0", "0")},
+        {"02": link("01", "01")},
+        {"01": link("00", "00"), "02": link("00", "00")},
+        {"01": link("00", "00"), "02": link("01", "00")},  # lag 0
         {"01": {"start": "00"}},
     ],
 )
@@ -76,10 +80,11 @@ def test_bad_rounds_mapping(rounds):
 
 def test_good_rounds_mapping():
     params = validate({"rounds": rounds_dict(3)})
-    assert params.n_rounds == 3 and params.rounds["03"].start == params.rounds["03"].policy == "02"
+    link = params.rounds["03"]
+    assert params.n_rounds == 3 and link.start == link.rollout_round == "02"
     assert rounds_dict(2) == {
-        "01": {"start": "00", "policy": "00"},
-        "02": {"start": "01", "policy": "01"},
+        "01": {"start": "00", "rollout_round": "00"},
+        "02": {"start": "01", "rollout_round": "01"},
     }
 
 
@@ -88,12 +93,12 @@ LAGGED = {"rollout": {"policy_lag": 1}, "train": {"tis_cap": 2.0}}
 
 def test_lagged_rounds_sample_with_the_checkpoint_before_the_start():
     assert rounds_dict(3, lag=1) == {
-        "01": {"start": "00", "policy": "00"},  # nothing older than the warm start
-        "02": {"start": "01", "policy": "00"},
-        "03": {"start": "02", "policy": "01"},
+        "01": {"start": "00", "rollout_round": "00"},  # nothing older than the warm start
+        "02": {"start": "01", "rollout_round": "00"},
+        "03": {"start": "02", "rollout_round": "01"},
     }
     params = validate({**LAGGED, "rounds": rounds_dict(3, lag=1)})
-    assert [(x.start, x.policy) for x in params.rounds.values()] == [
+    assert [(x.start, x.rollout_round) for x in params.rounds.values()] == [
         ("00", "00"), ("01", "00"), ("02", "01"),
     ]  # fmt: skip
 
@@ -101,7 +106,7 @@ def test_lagged_rounds_sample_with_the_checkpoint_before_the_start():
 def test_rounds_must_match_the_policy_lag():
     msg = error_of({**LAGGED, "rounds": rounds_dict(3)})
     assert "rounds:" in msg and "rollout.policy_lag 1" in msg and "`rounds=3`" in msg
-    assert '"03": {start: "02", policy: "01"}' in msg  # what to write, in params.yaml's words
+    assert '"03": {start: "02", rollout_round: "01"}' in msg  # in params.yaml's words
     msg = error_of({"rounds": rounds_dict(2, lag=1)})
     assert "rollout.policy_lag 0" in msg
 
@@ -206,7 +211,7 @@ def test_dumped_params_read_alike_in_dvc(raw):
     text = dump_for_dvc(raw)
     for read in (yaml.safe_load(text), parse_yaml(text, "params.yaml")):
         assert list(read["rounds"]) == [f"{r:02d}" for r in range(1, 11)]
-        assert read["rounds"]["09"] == {"start": "08", "policy": "08"}
+        assert read["rounds"]["09"] == {"start": "08", "rollout_round": "08"}
     assert yaml.safe_load(text) == raw
 
 

@@ -483,7 +483,7 @@ def write_round(root: Path, r: str, episodes: pd.DataFrame, steps: pd.DataFrame)
 
 def test_stage_carries_the_tracker_across_rounds(tmp_path: Path):
     from tasks import credit
-    from tasks.warmstart import initial_credit_state
+    from tasks.warmstart import initial_states
 
     params = validate({"credit": {"method": "spo_pp", "spo": SPO_CFG},
                        "rounds": rounds_dict(2)})  # fmt: skip
@@ -491,7 +491,7 @@ def test_stage_carries_the_tracker_across_rounds(tmp_path: Path):
     for r, version in (("01", 0), ("02", 1)):
         episodes, steps = chain.sample([("t0", 3), ("t1", 4)], 4, seed=version, version=version)
         write_round(tmp_path, r, episodes.drop(columns="length"), steps)
-    initial_credit_state(tmp_path)
+    initial_states(tmp_path)
     credit.run(params, tmp_path, "01")
     state1 = json.loads((tmp_path / "data/advantages/round_01/credit_state.json").read_text())
     assert set(state1["tracker"]) == {"t0", "t1"} and state1["drift"] == {"0": 0.0}
@@ -522,7 +522,7 @@ def test_stage_carries_the_tracker_across_rounds(tmp_path: Path):
 
 def curated_round(tmp_path: Path) -> pd.DataFrame:
     """Round 01 of task "a": rewards 1, 0, 0, 1, one turn each, every episode kept at weight 1."""
-    from tasks.warmstart import initial_credit_state
+    from tasks.warmstart import initial_states
 
     episodes = pd.DataFrame(
         [episode(f"a{i}", "a", r, [[3, 6]], token_ids=list(range(8)), loss_mask=[0, 0, 0] + [1] * 3
@@ -530,7 +530,7 @@ def curated_round(tmp_path: Path) -> pd.DataFrame:
     )  # fmt: skip
     steps = pd.DataFrame([call(f"a{i}", 0, 3, "s0", "s1", "get", {"id": 1}, {}) for i in range(4)])
     write_round(tmp_path, "01", episodes, steps)
-    initial_credit_state(tmp_path)
+    initial_states(tmp_path)
     return episodes
 
 
@@ -562,13 +562,13 @@ def test_stage_scales_advantages_by_the_decision_weight(tmp_path: Path):
 def test_stage_trains_on_success_when_asked(tmp_path: Path):
     """Rubric partial credit (0.6 for a failed episode) separates a group that success does
     not: with `credit.reward: success` the all-failed group gives zeros, the rubric does not."""
-    from tasks.warmstart import initial_credit_state
+    from tasks.warmstart import initial_states
 
     rows = [episode(f"a{i}", "a", r, [[3, 6]], success=False) for i, r in enumerate([0.6, 0.0])]
     write_round(tmp_path, "01", pd.DataFrame(rows),
                 pd.DataFrame([call(f"a{i}", 0, 3, "s0", "s1", "get", {"id": 1}, {})
                               for i in range(2)]))  # fmt: skip
-    initial_credit_state(tmp_path)
+    initial_states(tmp_path)
     rubric, _ = stage_advantages(tmp_path, validate({"rounds": rounds_dict(1)}))
     success, state = stage_advantages(
         tmp_path, validate({"credit": {"reward": "success"}, "rounds": rounds_dict(1)})
@@ -583,7 +583,6 @@ def test_stage_trains_on_success_when_asked(tmp_path: Path):
 def test_stage_replays_positives_into_credit_and_the_training_batch(tmp_path: Path):
     from rollwise.curate import success_bank
     from rollwise.train.trainer import training_batch
-    from tasks import credit
 
     curated_round(tmp_path)
     params = validate({"rounds": rounds_dict(1)})
@@ -598,17 +597,18 @@ def test_stage_replays_positives_into_credit_and_the_training_batch(tmp_path: Pa
         "logprobs": [-2.0] * 10, "turn_spans": [[3, 7], [8, 10]], "prompt_len": 3}])  # fmt: skip
     positives = success_bank.positives(bank, ["a"], per_task=1, r=1)
     positives.to_parquet(tmp_path / "data/curated/round_01/positives.parquet")
+    from tasks.common import round_batch
+
     values, state = stage_advantages(tmp_path, params)
     # group a is now 1, 0, 0, 1 and the positive 1: mean 0.6, population std sqrt(0.24)
     std = 0.24**0.5
     assert values["bank/r00/a/s0"] == pytest.approx(0.4 / std, abs=1e-5)
     assert values["a1"] == pytest.approx(-0.6 / std, abs=1e-5)
-    steps = credit.round_steps(tmp_path, "01")
+    kept, steps, _ = round_batch(tmp_path, "01")  # what train@01 reads
     replayed = steps[steps["episode_id"] == "bank/r00/a/s0"]
     assert replayed[["step", "fingerprint_after", "tool", "span_start"]].values.tolist() == [
         [0, "s1", "get", 3]
     ]
-    kept = credit.kept_episodes(tmp_path, "01")  # what train@01 reads
     adv = pd.read_parquet(tmp_path / "data/advantages/round_01/advantages.parquet")
     items = training_batch(kept, adv)
     assert len(items) == 5

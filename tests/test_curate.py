@@ -16,15 +16,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rollwise.config import CurateConfig, FaultsConfig, rounds_dict
+from rollwise.config import CurateConfig, FaultsConfig, Params, rounds_dict
 from rollwise.curate import success_bank
 from rollwise.curate.attribution import attribute, neighbour_confidence, neighbour_stats
 from rollwise.curate.filters import decide, quarantine, weighted_advantages
 from rollwise.envs import faults
 from rollwise.envs.runtime import SyntheticEnv, load_suite
+from rollwise.loop import RoundState, curate
 from rollwise.rollout.engine import clone_env
 from rollwise.types import DECISION_COLUMNS, ToolCall
-from tasks.curate import curate_round
 from tests.helpers import SMALL_ENVS, make_suite
 
 CFG = CurateConfig()
@@ -318,8 +318,8 @@ def test_curator_never_reads_the_audit(faulty, mixed, tmp_path: Path):
     loaded = load_suite(copied)  # the runtime reads its own fault plan, as the rollout did
     (copied / faults.AUDIT_FILE).unlink()
     (copied / faults.KNOBS_FILE).unlink()
-    tables, _ = curate_round(episodes, steps, loaded, None, 1, CFG)
-    pd.testing.assert_frame_equal(tables["attributions"], expected)
+    done = curate(Params(curate=CFG), loaded, episodes, steps, RoundState(), 1)
+    pd.testing.assert_frame_equal(done.tables["attributions"], expected)
 
 
 # ---------------------------------------------------------------------------- filters
@@ -406,11 +406,11 @@ def test_demonstration_and_positives():
 def test_curate_stage_writes_and_carries_the_bank(faulty, mixed, tmp_path: Path):
     from rollwise.config import Params
     from tasks import curate
+    from tasks.warmstart import initial_states
 
     out, _, _ = faulty
     shutil.copytree(out, tmp_path / "data" / "envs")
-    (tmp_path / "data" / "curated" / "round_00").mkdir(parents=True)
-    curate.write_initial_state(tmp_path / "data" / "curated" / "round_00")  # as warmstart does
+    initial_states(tmp_path)  # round 00's empty bank and quarantine, as warmstart writes them
     episodes, steps = mixed
     for r in ("01", "02"):
         rollouts = tmp_path / "data" / "rollouts" / f"round_{r}"
@@ -468,10 +468,10 @@ def test_demonstrated_env_only_changes_the_opening(faulty):
 
 def write_rollouts(root: Path, envs: Path, episodes: pd.DataFrame, steps: pd.DataFrame) -> None:
     """A stage root with the suite, round 00's curated state and round 01's rollouts."""
-    from tasks.warmstart import initial_curate_state
+    from tasks.warmstart import initial_states
 
     shutil.copytree(envs, root / "data" / "envs")
-    initial_curate_state(root)
+    initial_states(root)
     rollouts = root / "data" / "rollouts" / "round_01"
     rollouts.mkdir(parents=True)
     episodes.to_parquet(rollouts / "episodes.parquet")
@@ -511,7 +511,6 @@ def test_rollout_opens_banked_tasks_with_their_demonstration(tmp_path: Path):
     from rollwise.policy.chat import prompt_ids
     from rollwise.train.warmstart import suite_tokenizer
     from tasks import rollout
-    from tasks.warmstart import initial_schedule_state
     from tests.helpers import TINY_POLICY
 
     make_suite(tmp_path / "envs")
@@ -526,7 +525,6 @@ def test_rollout_opens_banked_tasks_with_their_demonstration(tmp_path: Path):
     write_rollouts(tmp_path, tmp_path / "envs", episodes, steps)
     bank = success_bank.verified_successes(episodes, steps, wins)
     bank.to_parquet(tmp_path / "data" / "curated" / "round_00" / "success_bank.parquet")
-    initial_schedule_state(tmp_path)
     shutil.rmtree(tmp_path / "data" / "rollouts" / "round_01")
     params = validate({
         "rounds": rounds_dict(1), "schedule": {"tasks_per_round": 100},

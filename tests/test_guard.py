@@ -10,11 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollwise.config import GuardConfig, Params, TrainConfig, validate
-from rollwise.train.guard import InProcessGuard, guarded_update, judge, validation_success
-from rollwise.train.optim import make_optimizer
-from rollwise.train.trainer import train_round
-from tests.helpers import write_train_inputs
+from rollwise.config import GuardConfig, Params, validate
+from rollwise.train.guard import judge, validation_success
+from tests.helpers import train_tables, write_train_inputs
 
 TINY_SUITE = {"n_envs": 1, "domains": ["shop"], "owners_per_env": 3, "max_records": 1,
               "tasks_per_env": 6, "heldout_envs": 0, "heldout_task_frac": 0.0,
@@ -42,26 +40,18 @@ def test_guard_params_are_validated_by_name():
 
 
 def test_against_best_stops_a_slide_that_each_round_allows():
-    """Four updates each 4 points under the last: `start` keeps them all (a 16-point slide),
-    `best` undoes the second and every later one below 0.70 - 0.05, weights restored."""
-
-    class Scripted(InProcessGuard):  # validation figures given, not decoded
-        def score(self) -> float:
-            return self.scores.pop(0)
-
+    """Four updates each 4 points under the last, the state carried as loop.run_round carries
+    it: `start` keeps them all (a 16-point slide), `best` undoes the second and every later one
+    below 0.70 - 0.05."""
     undone = {}
     for against in ("start", "best"):
-        model = torch.nn.Linear(2, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         cfg = GuardConfig(tasks=8, max_drop=0.05, against=against)
-        guard = Scripted(model, None, None, cfg, 0)
-        guard.scores = [0.70, 0.66, 0.62, 0.58, 0.54]  # the start's, then each update's
+        start = best = 0.70
         undone[against] = []
-        for _ in range(4):
-            before = model.weight.detach().clone()
-            stats = guard.update(opt, lambda m=model: {"moved": m.weight.data.add_(1.0).sum()})
-            undone[against].append(bool(stats["guard_reverted"]))
-            assert torch.equal(model.weight, before) is undone[against][-1]
+        for after in (0.66, 0.62, 0.58, 0.54):
+            verdict = judge(start, after, cfg, best)
+            undone[against].append(not verdict.kept)
+            start, best = verdict.kept_success, verdict.best_success
     assert undone == {"start": [False] * 4, "best": [False, True, True, True]}
     # a round over the best raises it; one that was undone leaves it
     up = judge(0.66, 0.75, GuardConfig(tasks=8, against="best"), best=0.70)
@@ -81,33 +71,31 @@ def items_for(vocab: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("after, undone", [(0.0, True), (0.5, False)])
-def test_guarded_update_restores_weights_and_moments_on_a_drop(after, undone):
+def test_an_undone_update_leaves_the_start_weights_and_snapshot(after, undone):
+    """loop.train with a guard that sees a drop: the model keeps its start's weights and the
+    round hands on the start's trainer snapshot (moments and all); else both move."""
+    from rollwise import loop
     from rollwise.policy.build import build_model, train_tokenizer
 
     tok = train_tokenizer(["the answer is paris"])
-    model = build_model(tok, validate({"policy": TINY_POLICY}).policy)
-    cfg = TrainConfig(lr=1e-2, epochs=1, minibatches=1)
-    opt = make_optimizer(model, cfg)
-    items = items_for(len(tok))
-    train_round(model, items, cfg, opt, tok.pad_token_id)  # moments that are not zero
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    moments = torch.cat([s["exp_avg"].flatten() for s in opt_states(opt)])
+    train = {"lr": 1e-2, "epochs": 1, "minibatches": 1, "guard": {"tasks": 4}}
+    params = validate({"policy": TINY_POLICY, "train": train})
+    model = build_model(tok, params.policy)
+    tables = {kind: frame for kind, (_, frame) in train_tables(items_for(len(tok))).items()}
+    episodes, advantages = tables["rollouts"], tables["advantages"]
+    first = loop.train(params, model, tok, None, episodes, advantages, 1)  # moments not zero
+    weights = {k: v.clone() for k, v in first.model.state_dict().items()}
 
-    def update() -> dict:
-        return train_round(model, items, cfg, opt, tok.pad_token_id)
+    def guard(_model):
+        return judge(0.5, after, params.train.guard)
 
-    stats, verdict = guarded_update(model, opt, update, lambda: after, 0.5, GuardConfig(tasks=4))
-    same = all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
-    assert verdict.kept is not undone and stats["guard_reverted"] == float(undone)
-    assert same is undone and "loss" in stats and stats["guard_s"] >= 0
-    now = torch.cat([s["exp_avg"].flatten() for s in opt_states(opt)])
-    assert torch.equal(now, moments) is undone
-    train_round(model, items, cfg, opt, tok.pad_token_id)  # the restored optimizer steps on
-
-
-def opt_states(opt) -> list[dict]:
-    parts = getattr(opt, "parts", {"all": opt})
-    return [s for o in parts.values() for s in o.state.values()]
+    second = loop.train(params, first.model, tok, first.trainer, episodes, advantages, 2, None,
+                        guard)  # fmt: skip
+    same = all(torch.equal(v, weights[k]) for k, v in second.model.state_dict().items())
+    assert second.verdict.kept is not undone and second.metrics["guard_reverted"] == float(undone)
+    assert same is undone and "loss" in second.metrics and second.metrics["guard_s"] >= 0
+    assert (second.trainer is first.trainer) is undone
+    assert second.trainer["step"] == (1 if undone else 2)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +112,8 @@ def memorized(tmp_path_factory) -> tuple[Path, Params]:
     params = validate({"envs": TINY_SUITE, "policy": TINY_POLICY,
                        "warmstart": {"steps": 150, "batch_size": 6, "optimizer": "muon",
                                      "stop_at_success": 0.99, "check_every": 10**6},
-                       "rounds": {"01": {"start": "00", "policy": "00"},
-                                  "02": {"start": "01", "policy": "01"}}})  # fmt: skip
+                       "rounds": {"01": {"start": "00", "rollout_round": "00"},
+                                  "02": {"start": "01", "rollout_round": "01"}}})  # fmt: skip
     generate_suite(params.envs, root / "data" / "envs")
     suite = load_suite(root / "data" / "envs")
     model, tok, _, _ = sft_warm_start(params, suite)

@@ -114,7 +114,7 @@ def test_tis_corrects_a_batch_sampled_one_version_back():
 def test_training_refuses_a_lagged_batch_without_tis():
     import pandas as pd
 
-    from tasks.train import policy_lag
+    from rollwise.loop import policy_lag
 
     episodes = pd.DataFrame({"episode_id": ["r02/t/s0", "bank/r01/t/s1"],
                              "policy_version": [0, 0]})  # fmt: skip

@@ -291,7 +291,7 @@ def test_method_knobs_are_validated_by_key_path():
 
 
 def test_quarantined_tasks_are_never_scheduled():
-    from tasks.rollout import schedulable
+    from rollwise.loop import schedulable
 
     catalog = pd.DataFrame({"task_id": ["a/t0", "a/t1", "b/t0"], "env_id": ["a", "a", "b"]})
     quarantine = pd.DataFrame({"task_id": ["a/t1"], "cause": ["flaky_tool"]})

@@ -175,7 +175,7 @@ def test_pipeline_params_are_logged_with_dotted_names(tmp_path: Path, monkeypatc
     assert logged["train.lr"] == str(params.train.lr)
     assert logged["credit.method"] == params.credit.method
     assert logged["policy.model"] == "None"
-    assert logged["rounds.01.start"] == logged["rounds.01.policy"] == "00"
+    assert logged["rounds.01.start"] == logged["rounds.01.rollout_round"] == "00"
     assert logged["envs.domains"] == str(params.envs.domains)
     assert not {"train", "credit", "rounds", "envs"} & logged.keys()
 

@@ -20,7 +20,6 @@ from rollwise.train.loss import (
 from rollwise.train.optim import apply_lrs, hidden_matrices, make_optimizer
 from rollwise.train.prepare import autocast, prepare
 from rollwise.train.trainer import (
-    kl_anchor,
     load_state,
     policy_logprobs,
     save_state,
@@ -383,10 +382,6 @@ def test_kl_coef_without_a_reference_is_refused(model_and_pad):
     cfg = TrainConfig(kl_coef=0.2)
     with pytest.raises(ValueError, match=r"train\.kl_coef"):
         train_round(model, synthetic_items([10]), cfg, make_optimizer(model, cfg), pad)
-    anchor = kl_anchor(model, cfg)
-    assert anchor is not model and not anchor.training
-    assert all(torch.equal(v, snapshot(model)[k]) for k, v in snapshot(anchor).items())
-    assert kl_anchor(model, TrainConfig(kl_coef=0.0)) is None
 
 
 def test_tis_weights_are_the_capped_ratio_without_gradient():

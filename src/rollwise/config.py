@@ -106,6 +106,7 @@ class WarmstartConfig(Section):
     optimizer: Literal["adamw", "muon"] = "adamw"
     muon_lr: float = Field(0.02, gt=0)
     weight_decay: float = Field(0.0, ge=0)  # decoupled, on every weight
+    adam_eps: float = Field(1e-8, gt=0)  # AdamW's eps (torch's default)
     # Stop once greedy success on a validation suite (fresh databases, never trained on or
     # evaluated) reaches this, checked every check_every steps on check_tasks tasks; `steps` is
     # then the most SFT may take. Where copying starts within `steps` differs between machines
@@ -154,7 +155,7 @@ class DapoConfig(Section):
     max_batches: int = Field(4, ge=1)
 
 
-class SpoConfig(Section):
+class SpoSamplingConfig(Section):
     """SPO prioritized sampling: weight sqrt(p(1-p)) + floor over decayed Beta trackers."""
 
     rho: float = Field(0.9, ge=0.875, le=0.96)  # fixed here; SPO adapts it to the KL
@@ -165,10 +166,11 @@ class ScheduleConfig(Section):
     method: Literal["random", "envsched", "band", "dapo", "spo"] = "random"
     tasks_per_round: int = Field(32, ge=1)
     seed: int = 0
+    kinds: list[str] | None = None  # train on these task kinds only (catalog `kind`); null: all
     envsched: EnvSchedConfig = EnvSchedConfig()
     band: BandConfig = BandConfig()
     dapo: DapoConfig = DapoConfig()
-    spo: SpoConfig = SpoConfig()
+    spo: SpoSamplingConfig = SpoSamplingConfig()
 
 
 class CostConfig(Section):
@@ -243,7 +245,7 @@ class IAPOConfig(Section):
     floor: float = Field(0.25, ge=0, le=1)  # routing weight of an action off the route
 
 
-class SPOConfig(Section):
+class SpoCreditConfig(Section):
     """The per-task Beta tracker of spo and spo_pp (data/advantages/round_NN/tracker.parquet)."""
 
     prior_p: float = Field(0.5, gt=0, lt=1)  # success estimate of a task never seen
@@ -268,7 +270,7 @@ class CreditConfig(Section):
     gigpo: GiGPOConfig = GiGPOConfig()  # gigpo and concal
     concal: ConCalConfig = ConCalConfig()
     iapo: IAPOConfig = IAPOConfig()
-    spo: SPOConfig = SPOConfig()  # spo and spo_pp
+    spo: SpoCreditConfig = SpoCreditConfig()  # spo and spo_pp
 
 
 class LoraConfig(Section):
@@ -360,7 +362,7 @@ class RoundLink(Section):
     """One round's two checkpoints (Params.rounds)."""
 
     start: str  # the round whose checkpoint train@r updates (always r-1)
-    policy: str  # the round whose checkpoint rollout@r samples with (r-1, or r-2 with a lag)
+    rollout_round: str  # the round whose checkpoint rollout@r samples with (r-1, or r-2 with lag)
 
 
 class Params(Section):
@@ -374,7 +376,7 @@ class Params(Section):
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     # round -> {start: the round train@r updates and whose states the chain continues from,
-    # policy: the round whose checkpoint rollout@r samples with}; rounds_dict writes it
+    # rollout_round: the round whose checkpoint rollout@r samples with}; rounds_dict writes it
     rounds: dict[str, RoundLink] = Field(
         default_factory=lambda: rounds_dict(1), validate_default=True
     )
@@ -420,7 +422,7 @@ def rounds_dict(n: int, lag: int = 0) -> dict[str, dict[str, str]]:
     arithmetic, so each round carries both checkpoints it reads): train@r starts from r-1,
     rollout@r samples with max(r-1-lag, 0)."""
     return {
-        f"{r:02d}": {"start": f"{r - 1:02d}", "policy": f"{max(r - 1 - lag, 0):02d}"}
+        f"{r:02d}": {"start": f"{r - 1:02d}", "rollout_round": f"{max(r - 1 - lag, 0):02d}"}
         for r in range(1, n + 1)
     }
 
@@ -444,7 +446,7 @@ def dump_for_dvc(data: dict[str, Any]) -> str:
 
 def rounds_yaml(n: int, lag: int = 0) -> str:
     """rounds_dict as one line of params.yaml (what an error tells the user to write)."""
-    links = (f'"{r}": {{start: "{x["start"]}", policy: "{x["policy"]}"}}'
+    links = (f'"{r}": {{start: "{x["start"]}", rollout_round: "{x["rollout_round"]}"}}'
              for r, x in rounds_dict(n, lag).items())  # fmt: skip
     return "{" + ", ".join(links) + "}"
 

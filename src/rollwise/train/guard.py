@@ -12,11 +12,7 @@ the trained environments and loses on new ones is undone too (README: Where it s
 
 from __future__ import annotations
 
-import copy
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from rollwise.config import GuardConfig
 
@@ -83,53 +79,6 @@ def validation_guard_suite(params, folder, tokenizer):
                 "warmstart.stop_at_success set, which adds them, or use suite: train"
             )
     return suite
-
-
-def guarded_update(
-    model, optimizer, update: Callable[[], dict], score: Callable[[], float], start: float,
-    cfg: GuardConfig, best: float | None = None,
-) -> tuple[dict, Verdict]:  # fmt: skip
-    """In one process (the benches): snapshot model and optimizer, `update()`, `score()` the
-    result, and restore the snapshot when judge() says the update collapsed. (stats, verdict)."""
-    weights = copy.deepcopy(model.state_dict())
-    moments = copy.deepcopy(optimizer.state_dict())
-    stats = update()
-    t0 = time.perf_counter()
-    verdict = judge(start, score(), cfg, best)
-    if not verdict.kept:
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(moments)
-    return {**stats, **verdict.metrics(), "guard_s": time.perf_counter() - t0}, verdict
-
-
-@dataclass
-class InProcessGuard:
-    """The benches' guard over rounds in one process: each `update` is guarded against the
-    validation success of the last kept policy (measured once, at the first round) or of the
-    best one kept."""
-
-    model: Any
-    tokenizer: Any
-    suite: Any
-    cfg: GuardConfig
-    max_context: int
-    start: float | None = None
-    best: float | None = None
-
-    def score(self) -> float:
-        model, tok, suite = self.model, self.tokenizer, self.suite
-        return validation_success(model, tok, suite, self.cfg, self.max_context)
-
-    def update(self, optimizer, step: Callable[[], dict]) -> dict:
-        """step()'s stats (+ the guard's figures); with cfg.tasks 0 just step()."""
-        if self.cfg.tasks == 0:
-            return step()
-        if self.start is None:
-            self.start = self.score()
-        stats, verdict = guarded_update(self.model, optimizer, step, self.score, self.start,
-                                        self.cfg, self.best)  # fmt: skip
-        self.start, self.best = verdict.kept_success, verdict.best_success
-        return stats
 
 
 def travelled_kl(stats: dict) -> float:

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from rollwise.config import TrainConfig, WarmstartConfig
+
 LR_KEY = "lr_param"  # stored in each param group: the TrainConfig field holding its lr
 
 
@@ -62,12 +64,11 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list, list]:
     return hidden, rest
 
 
-def adamw_knobs(cfg) -> dict[str, float]:
+def adamw_knobs(cfg: TrainConfig | WarmstartConfig) -> dict[str, float]:
     """AdamW's settings from params `train` or `warmstart`. Its eps floors the per-weight step's
     denominator: at torch's 1e-8 every weight an RL gradient touches at all moves by about lr,
-    noise or not. `warmstart` has no eps knob (SFT's gradients are not noise): torch's."""
-    eps = getattr(cfg, "adam_eps", 1e-8)
-    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "eps": eps}
+    noise or not."""
+    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "eps": cfg.adam_eps}
 
 
 def adamw(model: torch.nn.Module, cfg) -> Optimizers:

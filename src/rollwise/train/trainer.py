@@ -128,12 +128,6 @@ def policy_logprobs(model, items: list[dict], cfg, pad_id: int, temperature: flo
     return out
 
 
-def kl_anchor(model, cfg):
-    """A frozen copy of the starting policy for train.kl_coef > 0 (the benches' stand-in for
-    models/round_00, which tasks/train.py loads), else None."""
-    return copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
-
-
 def train_round(
     model,
     items: list[dict],
@@ -283,16 +277,17 @@ class TrainerState:
     old_logprobs: list[list[float]] | None = None
 
 
-def save_state(
-    folder: Path,
+def snapshot(
     optimizer: Optimizers,
     step: int,
     round_step: int = 0,
     old_logprobs: list[list[float]] | None = None,
-) -> None:
-    """Optimizer moments, every RNG the trainer may draw from, and the step counters."""
-    state = {
-        "optimizer": optimizer.state_dict(),
+) -> dict:
+    """Optimizer moments, every RNG the trainer may draw from, and the step counters: what the
+    next round resumes from (save_state writes it beside a checkpoint; loop.run_round keeps it
+    in memory, so both paths resume from the same thing)."""
+    return {
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
         "step": step,
         "round_step": round_step,
         "old_logprobs": old_logprobs,
@@ -300,16 +295,13 @@ def save_state(
         "python_rng": random.getstate(),
         "numpy_rng": np.random.get_state(),
     }
-    torch.save(state, Path(folder) / STATE_FILE)
 
 
-def load_state(folder: Path, optimizer: Optimizers | None) -> TrainerState:
+def restore(state: dict | None, optimizer: Optimizers | None) -> TrainerState:
     """Restore optimizer moments (unless optimizer is None: a new round's fresh LoRA adapters
-    have no moments to resume) and RNGs from a previous save, if there is one."""
-    path = Path(folder) / STATE_FILE
-    if not path.exists():
+    have no moments to resume) and RNGs from a snapshot; None (the warm start): nothing."""
+    if state is None:
         return TrainerState()
-    state = torch.load(path, map_location="cpu", weights_only=False)  # a GPU run's, on any box
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
@@ -321,3 +313,31 @@ def load_state(folder: Path, optimizer: Optimizers | None) -> TrainerState:
         round_step=int(state.get("round_step", 0)),
         old_logprobs=state.get("old_logprobs"),
     )
+
+
+def save_state(
+    folder: Path,
+    optimizer: Optimizers,
+    step: int,
+    round_step: int = 0,
+    old_logprobs: list[list[float]] | None = None,
+) -> None:
+    """The snapshot, into the checkpoint folder."""
+    write_state(folder, snapshot(optimizer, step, round_step, old_logprobs))
+
+
+def write_state(folder: Path, state: dict) -> None:
+    torch.save(state, Path(folder) / STATE_FILE)
+
+
+def read_state(folder: Path) -> dict | None:
+    """A checkpoint folder's snapshot, None if it has none (a warm start)."""
+    path = Path(folder) / STATE_FILE
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)  # a GPU run's, on any box
+
+
+def load_state(folder: Path, optimizer: Optimizers | None) -> TrainerState:
+    """restore() from a checkpoint folder's snapshot, if it has one."""
+    return restore(read_state(folder), optimizer)
