@@ -49,28 +49,30 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    arm_params,
+    round_figures,
+    run_arm_rounds,
+    seeded,
+    suite_at,
+    warm_start_folder,
+)
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from bench.unseen import guard_suite, unseen_suite, unseen_tasks  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
+from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report  # noqa: E402
 from rollwise.credit.gigpo import combine, step_returns  # noqa: E402
 from rollwise.credit.tracker import attach, empty_tracker, next_drift, next_tracker  # noqa: E402
 from rollwise.credit.turns import turn_table  # noqa: E402
-from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
-from rollwise.evaluate.folders import check_hf_folder  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
-from rollwise.policy.build import load_policy, save_policy  # noqa: E402
+from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout import engine  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
-from rollwise.train.guard import InProcessGuard, travelled_kl  # noqa: E402
-from rollwise.train.optim import make_optimizer  # noqa: E402
-from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
-from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
 
 ARMS = ("grpo", "gigpo", "concal", "iapo", "spo", "spo_pp")  # the issue's learning arms
@@ -79,26 +81,11 @@ LONG_KINDS = {"status", "amount", "cancel"}  # 3 dependent calls, then the answe
 REPLAY = {"calls": 0, "mismatches": 0}  # replayed calls whose observation differed (should be 0)
 
 
-def key_of(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
 def setup(p, cache: Path, given: Path | None = None):
     """(suite, its folder, warm-start folder), cached by their params; `given` (a saved policy
     folder) replaces the built warm start."""
-    suite_dir = cache / f"suite_{key_of(p.envs.model_dump())}"
-    if not suite_dir.exists():
-        generate_suite(p.envs, suite_dir)
-    suite = load_suite(suite_dir)
-    if given is not None:
-        check_hf_folder(given)
-        return suite, suite_dir, given
-    parts = (p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())
-    folder = cache / f"sft_{key_of(*parts)}"
-    if not folder.exists():
-        model, tok, _, _ = sft_warm_start(p, suite)
-        save_policy(model, tok, folder)
-    return suite, suite_dir, folder
+    suite, suite_dir = suite_at(cache, p.envs)
+    return suite, suite_dir, warm_start_folder(p, suite, cache, given)
 
 
 def long_tasks(suite, split: str) -> list[str]:
@@ -374,34 +361,24 @@ def toy_learning_panel(args, credit) -> dict:
 
 
 # ---------------------------------------------------------------------------- LLM learning arm
-def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
-    """`--rounds` rounds of rollout -> credit -> PPO from the warm start; held-out at the end."""
-    model, tok = load_policy(folder)
-    torch.manual_seed(seed)
-    opt, ref = make_optimizer(model, p.train), kl_anchor(model, p.train)
+def arm_overrides(method: str, seed: int, p, args) -> dict:
+    """The arm in the pipeline's syntax: its estimator and seed, long train tasks only, equal
+    episodes a round (spo and spo_pp: tasks x G tasks of one sample, a single stream)."""
     g = 1 if method in SINGLE_STREAM else p.rollout.samples_per_task
-    cfg = p.credit.model_copy(update={"method": method})
-    tracker, drift, rounds = empty_tracker(), {0: 0.0}, []
-    pool = long_tasks(suite, "train")
+    return {**seeded(seed), "credit.method": method, "rollout.samples_per_task": g,
+            "schedule.tasks_per_round": args.tasks * p.rollout.samples_per_task // g,
+            "schedule.kinds": sorted(LONG_KINDS), "rounds": args.rounds}  # fmt: skip
+
+
+def run_arm(method: str, seed: int, folder: Path, suite, p, args) -> dict:
+    """`--rounds` rounds of the pipeline (loop.run_rounds) from the warm start; held-out at
+    the end."""
+    arm = arm_params(p, arm_overrides(method, seed, p, args))
+    rounds: list[dict] = []
     checked = guard_suite(suite, p, args.unseen_dir)
-    guard = InProcessGuard(model, tok, checked, p.train.guard, p.policy.max_context)
-    for r in range(1, args.rounds + 1):
-        n_tasks = args.tasks * p.rollout.samples_per_task // g  # equal episodes per round
-        picked = random.Random(seed * 1000 + r).sample(pool, min(n_tasks, len(pool)))
-        episodes, steps = sample(model, tok, suite, p, picked, g, seed * 1000 + r, f"{seed}/{r}")
-        episodes = trained_reward(episodes.assign(policy_version=r - 1), cfg.reward)
-        episodes = attach(episodes, tracker, drift)
-        adv = ESTIMATORS[method](episodes, steps, cfg)
-        tracker = next_tracker(episodes, tracker, cfg)
-        items = training_batch(episodes, adv)
-        stats = guard.update(opt, lambda items=items: train_round(
-            model, items, p.train, opt, tok.pad_token_id, ref, temperature=p.rollout.temperature
-        ))  # fmt: skip
-        drift = next_drift(drift, r, r - 1, travelled_kl(stats))
-        rounds.append({"round": r, "episodes": len(episodes),
-                       "sample_success": float(episodes["success"].mean()),
-                       "approx_kl": float(stats.get("approx_kl", 0.0)),
-                       **{k: v for k, v in stats.items() if k.startswith("guard_")}})  # fmt: skip
+    model, tok, _ = run_arm_rounds(
+        arm, suite, folder, checked, lambda r, done: rounds.append(round_figures(r, done))
+    )
     return {"method": method, "seed": seed, "heldout": heldout(model, tok, suite, p, args),
             "rounds": rounds}  # fmt: skip
 

@@ -1,21 +1,21 @@
 """GEPA-Curator bench: does attribution find the injected non-policy failures, what does it
 spend, and does curating change held-out success at the same rollout budget?
 
-One process, no orchestration. A clean suite and, per seed, the same suite with faults injected
-(15-22% of failed episodes hit by a failure-relevant fault, more as the policy gets better:
-FAULTS; the faults seed is the bench seed). One warm start (the pipeline's,
-rollwise.train.warmstart.sft_warm_start; cached) is shared by the arms of a seed, each given
-the same plan, rounds and rollouts:
+One process, no orchestration: each arm is a params override set (arm_overrides) and runs the
+pipeline's own rounds (rollwise.loop.run_rounds, through bench/common.py). A clean suite and,
+per seed, the same suite with faults injected (`envs.faults` = FAULTS; 15-22% of failed
+episodes hit by a failure-relevant fault, more as the policy gets better; the faults seed is the
+bench seed). One warm start (the pipeline's round_00 for these params; cached) is shared by the
+arms, each given the same scheduler seed, rounds and rollouts:
   clean      no faults, curated (its drops are false positives: the 0% suite)
-  uncurated  faults, every episode trains
+  uncurated  faults, every episode trains (`curate.action: keep`: judged, nothing dropped)
   curated    faults, non-policy episodes dropped (params `curate`)
   weighted   faults, non-policy episodes kept, advantages scaled by 1 - confidence
   demos      curated, and a task banked in an earlier round opens with its best success
   positives  curated, and banked successes of the round's tasks join their GRPO group
 after which held-out success is measured greedily on the clean suite's held-out tasks (with
 --unseen-suite also on the ~900 tasks of the warm start's validation suite: bench/unseen.py). Each
-round's tasks are drawn from a fixed pool per seed (`--pool`) so that tasks come back and the
-success bank has something to give (with the whole train split, rounds barely overlap).
+round's tasks are the pipeline scheduler's (params `schedule`) over the whole train split.
 
 Ground truth comes from each episode's audit rows (the environment's record of what it
 injected), read here by the bench only. A failed episode is a non-policy failure when a
@@ -23,7 +23,7 @@ withheld tool, a verdict flip, or a flaky call (an environment error or a wrong 
 touched it; list reorders alone do not count (the items and the answer are the same).
 Precision and recall are over failed episodes, pooled over seeds and rounds of the curated arm.
 
-    .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] [--pool 32] \
+    .venv/bin/python bench/curator.py [--seeds 0 1 2] [--rounds 2] [--tasks 16] \
         [--arms clean uncurated curated ...] [--eval-tasks 96] [--sft-steps 400] [--workers 2] \
         [--unseen-suite] [--out bench/results/curator.json] [key=value ...]
 
@@ -38,10 +38,8 @@ params): the first run spends most of its time on SFT (`setup_s` in the result).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -54,26 +52,23 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    arm_params,
+    round_figures,
+    run_arm_rounds,
+    seeded,
+    suite_at,
+    warm_start_folder,
+)
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from bench.unseen import guard_suite, unseen_suite, unseen_tasks  # noqa: E402
-from rollwise.config import FaultsConfig, apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
-from rollwise.curate import success_bank  # noqa: E402
-from rollwise.curate.attribution import attribute  # noqa: E402
-from rollwise.curate.filters import decide, weighted_advantages  # noqa: E402
-from rollwise.envs.generate import generate_suite  # noqa: E402
+from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
-from rollwise.evaluate.folders import check_hf_folder  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
-from rollwise.policy.build import load_policy, save_policy  # noqa: E402
+from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
-from rollwise.train.guard import InProcessGuard  # noqa: E402
-from rollwise.train.optim import make_optimizer  # noqa: E402
-from rollwise.train.trainer import kl_anchor, train_round, training_batch  # noqa: E402
-from rollwise.train.warmstart import sft_warm_start  # noqa: E402
-from rollwise.types import STEP_COLUMNS  # noqa: E402
+from rollwise.rollout.engine import Limits  # noqa: E402
 
 # Set for about 15% of failed episodes with a near-zero policy; the better the policy, the larger
 # the share: 21.8% of failures (18.6% of episodes) from the 35% warm start of curator.json.
@@ -84,7 +79,7 @@ NON_POLICY = {"withheld_tool", "verdict_flip", "flaky_error", "flaky_wrong"}
 # Each arm's `curate` overrides (None: no curator at all).
 ARMS = {
     "clean": {},
-    "uncurated": None,
+    "uncurated": {"action": "keep"},
     "curated": {"action": "drop"},
     "weighted": {"action": "weight"},
     "demos": {"action": "drop", "demonstrations": True},
@@ -93,121 +88,51 @@ ARMS = {
 CURATING = ("curated", "weighted", "demos", "positives")
 
 
-def key_of(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+def arm_overrides(arm: str, seed: int, args) -> dict:
+    """The arm in the pipeline's syntax: its seed, its `curate` knobs, and (all but clean) the
+    faults of FAULTS injected with the bench seed."""
+    out = {**seeded(seed), **{f"curate.{k}": v for k, v in ARMS[arm].items()},
+           "schedule.tasks_per_round": args.tasks, "rounds": args.rounds}  # fmt: skip
+    if arm != "clean":
+        out |= {"envs.faults.seed": seed, **{f"envs.faults.{k}": v for k, v in FAULTS.items()}}
+    return out
 
 
-def suite_at(cache: Path, envs, faults: FaultsConfig | None):
-    cfg = envs if faults is None else envs.model_copy(update={"faults": faults})
-    folder = cache / f"suite_{key_of(cfg.model_dump())}"
-    if not folder.exists():
-        generate_suite(cfg, folder)
-    return load_suite(folder)
+def labels(audit: pd.DataFrame, episodes: pd.DataFrame) -> list[bool]:
+    """Ground truth from the rollout's audit table (what the environment injected): was each
+    episode's outcome not the policy's? A success is false when its verdict was flipped."""
+    faults = dict(zip(audit["episode_id"], audit["faults"], strict=True))
+    return [
+        "verdict_flip" in set(faults[e]) if ok else bool(set(faults[e]) & NON_POLICY)
+        for e, ok in zip(episodes["episode_id"], episodes["success"], strict=True)
+    ]
 
 
-def warm_start(p, cache: Path, clean, given: Path | None = None) -> Path:
-    """The warm-start folder of `p`, built once and cached; `given` (a saved policy folder)
-    replaces it: a partial warm start differs by machine, so comparisons share one."""
-    if given is not None:
-        check_hf_folder(given)
-        return given
-    folder = (
-        cache
-        / f"sft_{key_of(p.envs.model_dump(), p.policy.model_dump(), p.warmstart.model_dump())}"
-    )
-    if not folder.exists():
-        model, tok, _, _ = sft_warm_start(p, clean)
-        save_policy(model, tok, folder)
-    return folder
+def run_arm(arm: str, seed: int, model_dir: Path, p, args) -> dict:
+    """`--rounds` rounds of the pipeline (loop.run_rounds) from the warm start on the arm's
+    suite; held-out success on the clean suite at the end."""
+    cfg = arm_params(p, arm_overrides(arm, seed, args))
+    suite, _ = suite_at(args.cache, cfg.envs)
+    clean, _ = suite_at(args.cache, p.envs)
+    rounds, judged, spent = [], [], {"rollout": 0, "curator": 0, "episodes": 0, "demos": 0,
+                                     "too_long": 0, "replayed": 0}  # fmt: skip
 
+    def on_round(r: int, done) -> None:
+        ro, table = done.rollout, done.curated.tables["attributions"]
+        truth = labels(ro.audit, ro.episodes)
+        faults = dict(zip(ro.audit["episode_id"], ro.audit["faults"], strict=True))
+        injected = [sorted(faults[e]) for e in table["episode_id"]]
+        judged.append(table.assign(truth=truth, faults=injected, round=r))
+        spent["rollout"] += int(ro.episodes["verifier_calls"].sum())
+        spent["curator"] += int(table["verifier_calls"].sum())
+        spent["episodes"] += int(ro.metrics["episodes"])
+        spent["demos"] += int(ro.metrics["demonstrated_tasks"])
+        spent["too_long"] += int(ro.metrics["demonstrations_skipped_context"])
+        spent["replayed"] += int(done.credited.metrics["replayed_positives"])
+        rounds.append(round_figures(r, done))
 
-def plan(suite, args, seed: int, r: int) -> list[str]:
-    """Uniform over a fixed pool of train tasks per seed (the whole split with --pool 0), as the
-    `random` scheduler picks: the same tasks for every arm."""
-    train = sorted(t.task_id for t in suite.split("train"))
-    pool = random.Random(seed).sample(train, args.pool) if args.pool else train
-    return random.Random(seed * 1000 + r).sample(sorted(pool), args.tasks)
-
-
-def labels(spec: EpisodeSpec, success: bool) -> bool:
-    """Ground truth from the episode's own audit rows: was its outcome not the policy's?"""
-    faults = {a["fault"] for a in spec.env.audit}
-    if success:
-        return "verdict_flip" in faults  # a false success
-    return bool(faults & NON_POLICY)
-
-
-def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict:
-    """Rounds of rollout -> (curate) -> GRPO -> PPO from the warm start; held-out at the end."""
-    model, tok = load_policy(model_dir)
-    torch.manual_seed(seed)
-    opt, ref = make_optimizer(model, p.train), kl_anchor(model, p.train)
-    cur = None if ARMS[arm] is None else p.curate.model_copy(update=ARMS[arm])
-    judged, spent, rollout_verifier, episodes_spent = [], 0, 0, 0
-    bank, demonstrated, too_long, replayed = None, 0, 0, 0
     checked = guard_suite(suite, p, args.unseen_dir)  # the arm's suite, or the validation one
-    guard = InProcessGuard(model, tok, checked, p.train.guard, p.policy.max_context)
-    rounds = []
-    for r in range(1, args.rounds + 1):
-        picked = plan(suite, args, seed, r)
-        demos = {}
-        if cur is not None and cur.demonstrations and bank is not None:
-            tasks = [suite.tasks[t] for t in picked]
-            demos, skipped = success_bank.demonstrations(
-                bank, tasks, suite.envs, tok, p.policy.max_context, p.rollout.max_new_tokens
-            )
-            demonstrated, too_long = demonstrated + len(demos), too_long + len(skipped)
-        specs = [
-            EpisodeSpec(
-                f"s{seed}/r{r}/{tid}/{k}",
-                suite.tasks[tid],
-                opening(clone_env(suite.envs[suite.tasks[tid].env_id]), demos, tid),
-                group=tid,
-                sample=k,
-                seed=seed * 100000 + r * 1000 + k,
-            )
-            for tid in picked
-            for k in range(p.rollout.samples_per_task)
-        ]
-        limits = Limits(
-            max_context=p.policy.max_context,
-            temperature=p.rollout.temperature,
-            max_turns=p.rollout.max_turns,
-            max_new_tokens=p.rollout.max_new_tokens,
-            seed=seed * 1000 + r,
-        )
-        rows, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
-        episodes = pd.DataFrame(rows).assign(round=r, policy_version=r - 1)  # as tasks/rollout.py
-        steps = pd.DataFrame(steps, columns=STEP_COLUMNS)
-        episodes_spent += len(episodes)
-        rollout_verifier += int(episodes["verifier_calls"].sum())
-        kept, decisions = episodes, None
-        if cur is not None:
-            table, _ = attribute(episodes, steps, suite, cur)
-            decisions = decide(table, cur)
-            kept = episodes[decisions["kept"].to_numpy()].reset_index(drop=True)
-            spent += int(table["verifier_calls"].sum())
-            truth = [labels(s, bool(ok)) for s, ok in zip(specs, episodes["success"], strict=True)]
-            faults = [sorted({a["fault"] for a in s.env.audit}) for s in specs]
-            judged.append(table.assign(truth=truth, faults=faults, round=r))
-            prior = bank
-            new = success_bank.verified_successes(episodes, steps, table)
-            bank = success_bank.update(bank, new, cur.bank_per_task)
-            if cur.replay_positives and prior is not None:  # as tasks/credit.py replays them
-                pos = success_bank.positives(prior, picked, cur.replay_positives, r)
-                kept = pd.concat([kept, pos], ignore_index=True)
-                steps = pd.concat([steps, success_bank.positive_steps(pos)], ignore_index=True)
-                replayed += len(pos)
-        adv = ESTIMATORS["grpo"](trained_reward(kept, p.credit.reward), steps, p.credit)
-        if decisions is not None:
-            adv = weighted_advantages(adv, decisions)
-        items = training_batch(kept, adv)
-        stats = guard.update(opt, lambda items=items: train_round(
-            model, items, p.train, opt, tok.pad_token_id, ref, temperature=p.rollout.temperature
-        ))  # fmt: skip
-        rounds.append({"round": r, "sample_success": float(episodes["success"].mean()),
-                       "approx_kl": float(stats.get("approx_kl", 0.0)),
-                       **{k: v for k, v in stats.items() if k.startswith("guard_")}})  # fmt: skip
+    model, tok, _ = run_arm_rounds(cfg, suite, model_dir, checked, on_round)
     return {
         "guard_undone_rounds": sum(int(x.get("guard_reverted", 0)) for x in rounds),
         "rounds": rounds,
@@ -215,26 +140,14 @@ def run_arm(arm: str, seed: int, suite, clean, model_dir: Path, p, args) -> dict
         "seed": seed,
         "heldout_success": heldout(model, tok, clean, p, args),
         "unseen_success": unseen_success(model, tok, p, args),
-        "episodes": episodes_spent,
-        "rollout_verifier_calls": rollout_verifier,
-        "curator_verifier_calls": spent,
-        "demonstrated_tasks": demonstrated,
-        "demonstrations_skipped_context": too_long,
-        "replayed_positives": replayed,
+        "episodes": spent["episodes"],
+        "rollout_verifier_calls": spent["rollout"],
+        "curator_verifier_calls": spent["curator"],
+        "demonstrated_tasks": spent["demos"],
+        "demonstrations_skipped_context": spent["too_long"],
+        "replayed_positives": spent["replayed"],
         "judged": pd.concat(judged, ignore_index=True) if judged else None,
     }
-
-
-def arm_in_worker(arm: str, seed: int, model_dir: Path, p, args) -> dict:
-    """run_arm with the suites read from the cache, as a worker process (--workers) needs: an
-    arm is seeded by (arm, seed) alone, so its figures do not depend on the process."""
-    clean = suite_at(args.cache, p.envs, None)
-    faults = None if arm == "clean" else FaultsConfig(seed=seed, **FAULTS)
-    return run_arm(arm, seed, suite_at(args.cache, p.envs, faults), clean, model_dir, p, args)
-
-
-def opening(env, demos: dict, task_id: str):
-    return success_bank.Demonstrated(env, demos[task_id]) if task_id in demos else env
 
 
 def heldout(model, tok, clean, p, args) -> float:
@@ -324,7 +237,6 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=16, help="tasks per round")
-    parser.add_argument("--pool", type=int, default=32, help="train tasks per seed; 0: all")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--eval-tasks", type=int, default=96)
     parser.add_argument("--sft-steps", type=int, default=400, help="warm start (cached)")
@@ -352,8 +264,8 @@ def main() -> None:
     overrides |= {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
-    clean = suite_at(args.cache, p.envs, None)
-    model_dir = warm_start(p, args.cache, clean, args.warm_start)
+    clean, _ = suite_at(args.cache, p.envs)
+    model_dir = warm_start_folder(p, clean, args.cache, args.warm_start)
     sft_s = time.perf_counter() - t0
     model, tok = load_policy(model_dir)
     args.unseen_dir = unseen_suite(p, args.cache, tok) if args.unseen_suite else None
@@ -362,7 +274,7 @@ def main() -> None:
     print(json.dumps({"warmstart_heldout": base, "warmstart_unseen": base_unseen,
                       "setup_s": round(sft_s)}), flush=True)  # fmt: skip
     for seed in args.seeds:  # built here once, before workers read them from the cache
-        suite_at(args.cache, p.envs, FaultsConfig(seed=seed, **FAULTS))
+        suite_at(args.cache, arm_params(p, arm_overrides("curated", seed, args)).envs)
 
     def announce(run: dict) -> dict:
         line = {k: v for k, v in run.items() if k not in ("judged", "rounds")}
@@ -370,7 +282,7 @@ def main() -> None:
         return run
 
     jobs = [(arm, seed, model_dir, p, args) for seed in args.seeds for arm in args.arms]
-    runs = run_jobs(arm_in_worker, jobs, args.workers, announce)
+    runs = run_jobs(run_arm, jobs, args.workers, announce)
     result = summarize_runs(runs, base, args, time.perf_counter() - t0)
     if args.unseen_dir is not None:
         result.update(unseen_summary(runs, base_unseen, result["best_arm"], p, args))
@@ -425,7 +337,6 @@ def summarize_runs(runs: list[dict], warm: float, args, wall_s: float) -> dict:
         "seeds": args.seeds,
         "rounds": args.rounds,
         "tasks_per_round": args.tasks,
-        "task_pool": args.pool,
         "eval_tasks": args.eval_tasks,
         "faults": FAULTS,
         **{k: v for k, v in confusion(failed).items() if k in ("precision", "recall")},

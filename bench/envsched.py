@@ -7,9 +7,10 @@ Same suite, same warm-start policy (bench/rl_probe.py's cached SFT), same groups
    history flowing from round to round. Per round: share of groups run whose rewards were all
    equal (they teach GRPO nothing), rollouts spent per informative group in the training batch,
    correlation of predicted and observed variance. Needs no learning.
-2. learning: `--rounds` RL rounds per arm and seed (GRPO/PPO as the pipeline runs it); held-out
-   success (greedy, `evaluate.max_tasks` tasks) against rollouts spent; rollouts needed to reach
-   random's best held-out success after training, random / arm (`rollouts_ratio_vs_random`).
+2. learning: `--rounds` RL rounds per arm and seed (the pipeline's own: loop.run_rounds);
+   held-out success (greedy, `evaluate.max_tasks` tasks) against rollouts spent; rollouts
+   needed to reach random's best held-out success after training, random / arm
+   (`rollouts_ratio_vs_random`).
 3. planning time for a synthetic catalog of `--plan-tasks` rows (and a history of 3 rounds).
 
     .venv/bin/python bench/envsched.py [--seeds 0 1 2] [--rounds 4] [--fixed-rounds 4] \
@@ -38,17 +39,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from rl_probe import heldout, warm_start  # noqa: E402
 
+from bench.common import arm_params, seeded  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
-from rollwise import track  # noqa: E402
+from rollwise import loop, track  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
-from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.rollout.executors import EXECUTORS  # noqa: E402
 from rollwise.schedule import SCHEDULERS  # noqa: E402
-from rollwise.schedule.history import extend, observe  # noqa: E402
-from rollwise.schedule.plan import EQUAL_EPS, Budget, execute_plan, plan_metrics, timed  # noqa: E402
-from rollwise.train.optim import make_optimizer  # noqa: E402
-from rollwise.train.trainer import train_round, training_batch  # noqa: E402
+from rollwise.schedule.plan import EQUAL_EPS, Budget, plan_metrics, timed  # noqa: E402
 
 ARMS = ["random", "envsched", "band", "dapo", "spo"]
 # The cached SFT warm start of rl_probe.py; the issue's 16 groups x 8; one epoch and 80 held-out
@@ -61,105 +58,67 @@ DEFAULTS = {
 }
 
 
-def one_round(model, tok, suite, p, method: str, history, r: int, seed: int, opt=None, ref=None):
-    """Plan, roll out (batch by batch for DAPO), and train when `opt` is given (`ref`: the KL
-    anchor train.kl_coef reads). Returns the round's figures and the history extended with every
-    group run."""
-    cfg = p.rollout
-    budget = Budget(p.schedule.tasks_per_round, cfg.samples_per_task, r, seed * 1000 + r)
-    knobs = getattr(p.schedule, method, None)
-    plan, schedule_s = timed(SCHEDULERS[method], suite.catalog, history, budget, knobs)
-    limits = Limits(
-        max_context=p.policy.max_context,
-        temperature=cfg.temperature,
-        max_turns=cfg.max_turns,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=budget.seed,
-    )
-    steps: list[dict] = []
+def arm_overrides(arm: str, seed: int, rounds: int) -> dict:
+    """The arm in the pipeline's syntax: its scheduler and seed."""
+    return {**seeded(seed), "schedule.method": arm, "rounds": rounds}
 
-    def run(rows: pd.DataFrame) -> pd.DataFrame:
-        specs = [
-            EpisodeSpec(
-                f"r{r}/{t}/s{k}",
-                suite.tasks[t],
-                clone_env(suite.envs[suite.tasks[t].env_id]),
-                group=t,
-                sample=k,
-                seed=seed * 100000 + r * 1000 + k,
-            )
-            for t, n in zip(rows["task_id"], rows["n_samples"], strict=True)
-            for k in range(n)
-        ]
-        episodes, batch_steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
-        steps.extend(batch_steps)
-        return pd.DataFrame(episodes)
 
-    executed, ran = execute_plan(plan, run, budget.tasks)
-    kept = ran[ran["task_id"].isin(executed.loc[executed["kept"], "task_id"])]
-    kept = kept.reset_index(drop=True)
-    train_s = 0.0
-    if opt is not None and len(kept):
-        t0 = time.perf_counter()
-        kept_steps = pd.DataFrame(steps)
-        kept_steps = kept_steps[kept_steps["episode_id"].isin(kept["episode_id"])]
-        trained = trained_reward(kept.assign(round=r), p.credit.reward)
-        adv = ESTIMATORS[p.credit.method](trained, kept_steps, p.credit)
-        train_round(
-            model,
-            training_batch(kept, adv),
-            p.train,
-            opt,
-            tok.pad_token_id,
-            ref,
-            temperature=cfg.temperature,
-        )
-        train_s = time.perf_counter() - t0
-    var = (
-        ran.assign(success=ran["success"].astype(float))
-        .groupby("task_id")[["reward", "success"]]
-        .var(ddof=0)
-    )
-    informative = executed["kept"] & (executed["obs_var"] > EQUAL_EPS**2)
-    record = {
+def round_record(r: int, ro: loop.Rollout, train_s: float = 0.0) -> dict:
+    """A round's scheduling figures from its rollout: groups whose rewards (successes) were all
+    equal teach GRPO nothing; rollouts spent per informative group kept."""
+    ran = ro.plan[ro.plan["ran"]]
+    h = ro.history[ro.history["round"] == r]
+    informative = ro.plan["kept"] & (ro.plan["obs_var"] > EQUAL_EPS**2)
+    return {
         "round": r,
-        "rollouts": len(ran),
-        "schedule_s": schedule_s,
+        "rollouts": int(ro.metrics["episodes"]),
+        "schedule_s": float(ro.metrics["schedule_s"]),
         "train_s": train_s,
-        "zero_var_reward": float((var["reward"] <= EQUAL_EPS**2).mean()),
-        "zero_var_success": float((var["success"] <= EQUAL_EPS**2).mean()),
+        "zero_var_reward": float((ran["obs_var"] <= EQUAL_EPS**2).mean()),
+        "zero_var_success": float(
+            ((h["successes"] == 0) | (h["successes"] == h["samples"])).mean()
+        ),
         "informative_groups": int(informative.sum()),
-        "mean_group_var": float(var["reward"].mean()),
-        "rollouts_per_informative": len(ran) / max(int(informative.sum()), 1),
-        "sample_success": float(ran["success"].mean()),
-        **plan_metrics(executed),
+        "mean_group_var": float(ran["obs_var"].mean()),
+        "rollouts_per_informative": ro.metrics["episodes"] / max(int(informative.sum()), 1),
+        "sample_success": float(ro.metrics["success_rate"]),
+        **plan_metrics(ro.plan),
     }
-    return record, extend(history, observe(ran, r))
+
+
+def frozen_rounds(arm: str, seed: int, p, suite, warm, n: int) -> list[dict]:
+    """`n` rounds of the pipeline's rollout step with the warm-start policy frozen, the
+    scheduler's history flowing from round to round: scheduling alone, no learning."""
+    model, tok = warm
+    cfg, state, out = arm_params(p, arm_overrides(arm, seed, n)), loop.RoundState(), []
+    for r in range(1, n + 1):
+
+        def run(specs, r=r):
+            limits = loop.limits_of(cfg, r)
+            return EXECUTORS["local"](specs, Path("."), Path("."), limits, cfg.rollout,
+                                      load=lambda: (model, tok))  # fmt: skip
+
+        ro = loop.rollout(cfg, suite, r, state, run, tok)
+        state.history = ro.history
+        out.append(round_record(r, ro))
+    return out
 
 
 def run_arm(arm: str, seed: int, p, suite, warm, args, base: dict) -> tuple:
-    """One arm and seed from the warm start. Round 1 rolls out the warm-start policy, so it is
-    also round 1 of the frozen-policy run, which continues from its history to
-    `--fixed-rounds` with the frozen model; the RL run trains on, to `--rounds`."""
-    torch.manual_seed(seed)
-    frozen, tok = warm
-    model = copy.deepcopy(frozen)  # trained; `frozen` never is
-    opt = make_optimizer(model, p.train)
-    first, history = one_round(model, tok, suite, p, arm, None, 1, seed, opt, frozen)
-    fixed, fixed_history = [first], history
-    for r in range(2, args.fixed_rounds + 1):
-        rec, fixed_history = one_round(frozen, tok, suite, p, arm, fixed_history, r, seed)
-        fixed.append(rec)
-    learn, spent = [first], first["rollouts"]
-    curve = [{"round": 0, "rollouts": 0, "success": base["success"]}]
-    for r in range(1, args.rounds + 1):
-        if r > 1:
-            rec, history = one_round(model, tok, suite, p, arm, history, r, seed, opt, frozen)
-            learn.append(rec)
-            spent += rec["rollouts"]
-        curve.append(
-            {"round": r, "rollouts": spent, "success": heldout(model, tok, suite, p)["success"]}
-        )
+    """One arm and seed from the warm start: the frozen-policy run (`--fixed-rounds`) and the
+    RL run (`--rounds` of loop.run_rounds), held-out success after each round."""
+    fixed = frozen_rounds(arm, seed, p, suite, warm, args.fixed_rounds)
+    cfg = arm_params(p, arm_overrides(arm, seed, args.rounds))
+    learn, curve = [], [{"round": 0, "rollouts": 0, "success": base["success"]}]
+
+    def on_round(r: int, done: loop.Round) -> None:
+        learn.append(round_record(r, done.rollout))
+        spent = curve[-1]["rollouts"] + learn[-1]["rollouts"]
+        success = heldout(done.trained.model, warm[1], suite, p)["success"]
+        curve.append({"round": r, "rollouts": spent, "success": success})
+
+    model = copy.deepcopy(warm[0])  # trained; the warm start never is
+    loop.run_rounds(cfg, suite, model, warm[1], args.rounds, on_round=on_round)
     line = {
         "arm": arm,
         "seed": seed,

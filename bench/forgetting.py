@@ -31,6 +31,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import reference_policy  # noqa: E402
 from bench.credit import limits_of, long_heldout_tasks, long_tasks, sample, setup  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
@@ -38,7 +39,7 @@ from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
 from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.train.trainer import kl_anchor, make_optimizer, train_round, training_batch  # noqa: E402
+from rollwise.train.trainer import make_optimizer, train_round, training_batch  # noqa: E402
 
 
 def greedy_by_kind(model, tok, suite, tasks: list, p) -> dict:
@@ -108,7 +109,7 @@ def main() -> None:
             model, tok = load_policy(folder)
             model.get_input_embeddings().weight.requires_grad_(not frozen)  # tied: the head too
             cfg = p.train.model_copy(update={"seed": p.train.seed + order})
-            optimizer, anchor = make_optimizer(model, cfg), kl_anchor(model, cfg)
+            optimizer, anchor = make_optimizer(model, cfg), reference_policy(model, cfg)
             stats = train_round(model, items, cfg, optimizer, tok.pad_token_id, anchor,
                                 temperature=p.rollout.temperature)  # fmt: skip
             after = greedy_by_kind(model, tok, suite, guard, p)

@@ -34,12 +34,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import reference_policy, suite_at, warm_start_folder  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
-from rollwise.evaluate.folders import check_hf_folder  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize  # noqa: E402
 from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
@@ -48,42 +48,18 @@ from rollwise.schedule import SCHEDULERS  # noqa: E402
 from rollwise.schedule.plan import Budget  # noqa: E402
 from rollwise.train.sft import oracle_sequence  # noqa: E402
 from rollwise.train.trainer import (  # noqa: E402
-    kl_anchor,
     make_optimizer,
     policy_logprobs,
     train_round,
     training_batch,
 )
-from rollwise.train.warmstart import sft_warm_start  # noqa: E402
 
 
 def warm_start(p, cache: Path, given: Path | None = None):
-    """(suite, model, tokenizer): the SFT warm start of `p` (cached), or the `given` model
-    folder (--warm-start: another warm start of the same suite, e.g. a run's models/round_00)."""
-    suite_dir = cache / f"suite_{p.envs.seed}_{p.envs.n_envs}_{p.envs.tasks_per_env}"
-    if not suite_dir.exists():
-        generate_suite(p.envs, suite_dir)
-    suite = load_suite(suite_dir)
-    if given:
-        check_hf_folder(given)  # a bad path names itself, as in bench/credit.py and curator.py
-        return suite, *load_policy(given)
-    w = p.warmstart
-    ck = cache / f"sft_{suite_dir.name}_{w.steps}_{w.lr}_{w.seed}_{p.policy.layers}"
-    ck = ck.with_name(
-        ck.name
-        + (f"_aug{w.augment_suites}" if w.augment_suites else "")
-        + (f"_b{w.batch_size}" if w.batch_size != 32 else "")
-        + (f"_muon{w.muon_lr}" if w.optimizer == "muon" else "")
-        + (f"_wd{w.weight_decay}" if w.weight_decay else "")
-        + (f"_stop{w.stop_at_success}_{w.check_every}_{w.check_tasks}" if w.stop_at_success else "")
-    )
-    if ck.exists():
-        return suite, *load_policy(ck)
-    checks: list[dict] = []
-    model, tok, losses, _ = sft_warm_start(p, suite, checks=checks)
-    print(json.dumps({"sft_steps": len(losses), "checks": checks}), flush=True)
-    save_policy(model, tok, ck)
-    return suite, model, tok
+    """(suite, model, tokenizer): the pipeline's warm start of `p` (bench/common.py, cached), or
+    the `given` model folder (--warm-start: another warm start of the same suite)."""
+    suite, _ = suite_at(cache, p.envs)
+    return suite, *load_policy(warm_start_folder(p, suite, cache, given))
 
 
 def heldout(model, tok, suite, p, split: str = "heldout") -> dict:
@@ -234,7 +210,7 @@ def main() -> None:
     args.steps_done = 0
     atexit.register(shutil.rmtree, args.scratch, ignore_errors=True)
     suite, model, tok = warm_start(p, args.cache, args.warm)
-    args.ref = kl_anchor(model, p.train)
+    args.ref = reference_policy(model, p.train)
 
     def evaluate(r: int) -> None:
         curve.append({"round": r, **heldout(model, tok, suite, p)})

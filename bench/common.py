@@ -1,0 +1,117 @@
+"""What every learning bench shares, written once: params from params.yaml plus overrides in the
+pipeline's own dotted syntax, an arm as one more override set, the cached suite and warm start
+(rollwise.loop.warm_start: the pipeline's round_00 for these params), and the rounds
+themselves (rollwise.loop.run_rounds: the stages' own functions, in one process).
+
+An arm is a params override set and nothing else, so its figure measures the pipeline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rollwise import loop  # noqa: E402
+from rollwise.config import Params, apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.envs.runtime import Suite, load_suite  # noqa: E402
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`key=value` strings (values read as YAML) -> {dotted key: value}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: override {item!r} is not key=value")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def bench_params(overrides: dict, params_file: Path = ROOT / "params.yaml") -> Params:
+    """params.yaml with the bench's overrides; a bad key fails naming its path."""
+    return validate(apply_overrides(read_raw(params_file), overrides))
+
+
+def arm_params(p: Params, overrides: dict) -> Params:
+    """An arm: the bench's params plus its own override set (pipeline syntax)."""
+    return validate(apply_overrides(p.model_dump(), overrides), "arm overrides")
+
+
+def seeded(seed: int) -> dict:
+    """The overrides that make one seed of an arm: every stage's seed."""
+    keys = ("schedule.seed", "rollout.seed", "train.seed", "curate.seed")
+    return dict.fromkeys(keys, seed)
+
+
+def key_of(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def suite_at(cache: Path, envs) -> tuple[Suite, Path]:
+    """The generated suite of `envs` (an EnvsConfig), built once under `cache`."""
+    from rollwise.envs.generate import generate_suite
+
+    folder = Path(cache) / f"suite_{key_of(envs.model_dump())}"
+    if not folder.exists():
+        generate_suite(envs, folder)
+    return load_suite(folder), folder
+
+
+def warm_start_folder(p: Params, suite: Suite, cache: Path, given: Path | None = None) -> Path:
+    """The warm start's folder: built once per params under `cache` (loop.warm_start), or
+    `given` (a saved policy folder: a partial warm start differs by machine, so comparisons
+    share one)."""
+    from rollwise.evaluate.folders import check_hf_folder
+
+    if given is not None:
+        check_hf_folder(given)
+        return given
+    loop.warm_start(p, suite, cache)
+    return Path(cache) / f"sft_{loop.warmstart_key(p)}"
+
+
+def run_arm_rounds(
+    p: Params,
+    suite: Suite,
+    folder: Path,
+    guard_suite: Suite | None = None,
+    on_round: Callable | None = None,
+) -> tuple:
+    """(model, tokenizer, final state): p.n_rounds rounds from the warm start in `folder`,
+    exactly as the pipeline's stages run them; `on_round(r, loop.Round)` sees each round."""
+    import torch
+
+    from rollwise.policy.build import load_policy
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_policy(folder)
+    model, state = loop.run_rounds(p, suite, model, tokenizer, p.n_rounds, guard_suite, on_round)
+    return model, tokenizer, state
+
+
+def round_figures(r: int, done: loop.Round) -> dict:
+    """What a bench keeps of each round: sampled success, KL moved, the guard's verdict."""
+    stats = done.trained.metrics
+    return {
+        "round": r,
+        "episodes": int(done.rollout.metrics["episodes"]),
+        "sample_success": float(done.rollout.metrics["success_rate"]),
+        "approx_kl": float(stats.get("approx_kl", 0.0)),
+        **{k: v for k, v in stats.items() if k.startswith("guard_")},
+    }
+
+
+def reference_policy(model, cfg):
+    """A frozen copy of the starting policy for train.kl_coef > 0 (what loop.run_rounds anchors
+    to), for the bench-only experiments that call the trainer directly; else None."""
+    import copy
+
+    return copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
