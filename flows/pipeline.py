@@ -32,18 +32,19 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.retries import RETRIES, RETRY_DELAYS_S, retry_if_transient
+from flows.form import OVERRIDES, PARAMS_FILE, RUN_NAME, choice, form_overrides, parse_overrides
+from flows.stages import evaluate_stage, label, log_progress_to_prefect, run_stages, stage_order
 from flows.summary import summary_table
+from flows.tracking import mlflow_run
 from flows.workspace import (
     BRANCH_PREFIX,
     RUNS_DIR,
@@ -51,133 +52,14 @@ from flows.workspace import (
     WorkspaceError,
     commit_run,
     create_worktree,
-    inside,
 )
-from rollwise import track
 from rollwise.config import Params, ParamsError, apply_overrides, dump_for_dvc, read_raw, validate
 from rollwise.credit import ESTIMATORS
 from rollwise.schedule import SCHEDULERS
-from tasks import credit, curate, evaluate, generate, rollout, train, warmstart
-from tasks.common import PROGRESS_SINKS, recorded_metrics, timed_stage
+from tasks import evaluate
+from tasks.common import PROGRESS_SINKS, recorded_metrics
 
 ROOT = Path(__file__).resolve().parents[1]  # the project: params.yaml, mlflow.db, .rollwise/
-
-# ---------------------------------------------------------------------------- stage tasks
-
-
-def stage_task(name: str, run: Callable[..., dict], per_round: bool = False):
-    """A Prefect task around `tasks.<name>.run`, brought up to date through DVC (skip, restore
-    from the run-cache, or run here and record in dvc.lock)."""
-
-    def stage(params: Params, stages: DvcStages, r: str | None = None) -> dict:
-        label = f"{name}@{r}" if per_round else name
-        root = stages.root
-        found: dict = {}
-
-        def compute() -> None:
-            found.update(timed_stage(name, run, params, root, r if per_round else None))
-
-        how = stages.run(label, compute)
-        metrics = found or recorded_metrics(root, params, label)
-        logger = get_run_logger()
-        logger.info("%s %s; metrics: %s", label, how, json.dumps(metrics, default=float))
-        return {**metrics, "dvc": how}
-
-    stage.__name__ = stage.__qualname__ = name  # distinct Prefect task keys per stage
-    return task(
-        name=name,
-        task_run_name=f"{name}@{{r}}" if per_round else name,
-        retries=RETRIES,
-        retry_delay_seconds=RETRY_DELAYS_S,
-        retry_condition_fn=retry_if_transient,
-        log_prints=True,
-        cache_policy=NO_CACHE,  # what is stale is DVC's call, not Prefect's cache
-        persist_result=False,
-    )(stage)
-
-
-generate_stage = stage_task("generate", generate.run)
-warmstart_stage = stage_task("warmstart", warmstart.run)
-rollout_stage = stage_task("rollout", rollout.run, per_round=True)
-curate_stage = stage_task("curate", curate.run, per_round=True)
-credit_stage = stage_task("credit", credit.run, per_round=True)
-train_stage = stage_task("train", train.run, per_round=True)
-evaluate_stage = stage_task("evaluate", evaluate.run)
-PER_ROUND = (rollout_stage, curate_stage, credit_stage, train_stage)
-
-
-def stage_order(params: Params) -> list[tuple[Any, str | None]]:
-    """dvc.yaml's stages in DAG order, as (task, round or None)."""
-    rounds = [(stage, r) for r in params.rounds for stage in PER_ROUND]
-    return [(generate_stage, None), (warmstart_stage, None), *rounds, (evaluate_stage, None)]
-
-
-def label(stage, r: str | None) -> str:
-    return stage.name if r is None else f"{stage.name}@{r}"
-
-
-def run_stages(params: Params, stages: DvcStages) -> dict[str, dict]:
-    """The DAG of dvc.yaml; returns each stage's metrics by stage name, in DAG order.
-
-    A stage is submitted (a Prefect task run on the flow's thread pool) once its upstream stages
-    in DVC's own graph are done, so stages run at once exactly where their data allows: the
-    off-policy lag of rollout.policy_lag is in the data dependencies, nothing here knows of it.
-    The process stays in the worktree throughout (DvcStages: one working directory for every
-    thread). After a failure nothing new starts; the running stages finish, then it raises."""
-    from prefect.futures import as_completed
-
-    order = {label(stage, r): (stage, r) for stage, r in stage_order(params)}
-    upstream = {name: deps & order.keys() for name, deps in stages.upstream().items()}
-    waiting, running, results = list(order), {}, {}
-    failure: BaseException | None = None
-    with inside(stages.root):
-        while running or (waiting and failure is None):
-            unfinished = set(waiting) | running.keys()
-            ready = [n for n in waiting if not upstream.get(n, set()) & unfinished]
-            for name in ready if failure is None else []:
-                stage, r = order[name]
-                args = (params, stages) if r is None else (params, stages, r)
-                running[name] = stage.submit(*args)
-                waiting.remove(name)
-            future = next(as_completed(list(running.values())))
-            name = next(n for n, f in running.items() if f is future)
-            del running[name]
-            try:
-                results[name] = future.result()
-            except BaseException as e:  # noqa: BLE001 - raised once the running ones finish
-                failure = failure or e
-                continue
-            flow_progress(len(results), len(order))
-    if failure is not None:
-        raise failure
-    return {name: results[name] for name in order}
-
-
-# ---------------------------------------------------------------------------- progress in the UI
-
-
-_PROGRESS_IDS: dict[str, Any] = {}  # flow run id -> its progress artifact
-
-
-def flow_progress(done: int, total: int) -> None:
-    """The flow run's progress artifact (stages done of dvc.yaml's DAG), shown in the UI."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-    key, percent = str(flow_run.id), 100 * done / total
-    with contextlib.suppress(Exception):  # progress is a courtesy, never a failure
-        if key in _PROGRESS_IDS:
-            update_progress_artifact(_PROGRESS_IDS[key], percent)
-        else:
-            _PROGRESS_IDS[key] = create_progress_artifact(percent, description="stages done")
-
-
-def log_progress_to_prefect(stage: str, done: int, total: int) -> None:
-    """A tasks.common progress sink: long stages' progress in the task run's logs."""
-    with contextlib.suppress(Exception):
-        get_run_logger().info("%s progress %d/%d", stage, done, total)
-
-
-# ---------------------------------------------------------------------------- the flow run's world
 
 
 def resolve_params(params_file: str | Path, overrides: dict[str, Any]) -> tuple[Params, dict, Path]:
@@ -199,37 +81,6 @@ def folder_name(run_name: str | None) -> str:
     return name or "run"
 
 
-@contextlib.contextmanager
-def mlflow_run(root: Path, params: Params, overrides: dict, name: str) -> Iterator[str]:
-    """One MLflow run for this flow run, found by the stages through MLFLOW_RUN_ID."""
-    saved = {
-        k: os.environ.get(k)
-        for k in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT__FLOW_RUN_ID")
-    }
-    if not os.environ.get("MLFLOW_TRACKING_URI"):  # the project's store, not the worktree's
-        os.environ["MLFLOW_TRACKING_URI"] = track.tracking_uri(ROOT)
-    os.environ.pop("MLFLOW_RUN_ID", None)  # this flow run owns its MLflow run
-    if flow_run.id:
-        os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)  # track tags the run with it
-    try:
-        run_id = track.open_run(root, params.model_dump(), run_name=name, fresh=True)
-        os.environ["MLFLOW_RUN_ID"] = run_id
-        if overrides:
-            track.log_params(run_id, {f"override.{k}": v for k, v in overrides.items()}, root)
-        try:
-            yield run_id
-        except BaseException:
-            track.finish_run(run_id, "FAILED", root=root)
-            raise
-        track.finish_run(run_id, root=root)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def one_torch_thread() -> None:
     """Servers share the two cores; 2-thread torch collapses under contention (stack-notes)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -248,7 +99,7 @@ def experiment(
     stages = DvcStages(root)
     PROGRESS_SINKS.append(log_progress_to_prefect)
     try:
-        with mlflow_run(root, params, overrides, name) as run_id:
+        with mlflow_run(ROOT, root, params, overrides, name) as run_id:
             yield stages, run_id
     finally:
         PROGRESS_SINKS.remove(log_progress_to_prefect)
@@ -261,54 +112,6 @@ def experiment(
             logger.warning("could not commit the run's worktree: %s", e)
 
 
-# ---------------------------------------------------------------------------- the form
-
-
-def _choice(names) -> Any:
-    return Literal[tuple(sorted(names))]  # type: ignore[valid-type]
-
-
-# Form field -> the dotted params key it overrides (None: leave params.yaml's value).
-FORM_KEYS = {
-    "rounds": "rounds",
-    "train_lr": "train.lr",
-    "samples_per_task": "rollout.samples_per_task",
-    "schedule_method": "schedule.method",
-    "credit_method": "credit.method",
-}
-
-
-def form_overrides(form: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The form's typed fields as dotted overrides, merged with the free-form mapping; the same
-    key set two ways to two values is an error, not a silent choice."""
-    merged = dict(overrides)
-    for field, key in FORM_KEYS.items():
-        value = form.get(field)
-        if value is None:
-            continue
-        if key in merged and merged[key] != value:
-            raise ParamsError(f"{key}: {value!r} in {field} but {merged[key]!r} in overrides")
-        merged[key] = value
-    return merged
-
-
-RUN_NAME = Field(
-    default=None,
-    description="Names the run's worktree .rollwise/runs/NAME/, its git branch "
-    "rollwise-runs/NAME and the MLflow run (default: the flow run's name). Reusing a name "
-    "resumes that run: stages already recorded there are skipped.",
-)
-OVERRIDES = Field(
-    default={},
-    description='Any other params.yaml keys, dotted: {"train.epochs": 4, "envs.n_envs": 12}. '
-    "Checked before any stage runs; an unknown key fails the run.",
-)
-PARAMS_FILE = Field(
-    default="params.yaml",
-    description="The params file the overrides apply to, relative to the project root.",
-)
-
-
 @flow(name="rollwise-pipeline", log_prints=True)
 def pipeline(
     run_name: str | None = RUN_NAME,
@@ -319,10 +122,10 @@ def pipeline(
     samples_per_task: int | None = Field(
         default=None, ge=1, description="Rollouts per scheduled task, G (rollout.samples_per_task)."
     ),
-    schedule_method: _choice(SCHEDULERS) | None = Field(
+    schedule_method: choice(SCHEDULERS) | None = Field(
         default=None, description="Which tasks get the next rollouts (schedule.method)."
     ),
-    credit_method: _choice(ESTIMATORS) | None = Field(
+    credit_method: choice(ESTIMATORS) | None = Field(
         default=None, description="Credit assignment (credit.method)."
     ),
     overrides: dict[str, Any] = OVERRIDES,
@@ -406,20 +209,6 @@ def evaluate_candidates_task(params: Params, root: Path) -> dict:
     out = root / evaluate.CANDIDATES_OUT
     chosen, summary, n_tasks = evaluate.evaluate_candidates(params, root, found, out)
     return evaluate.stage_metrics(chosen, found, summary, n_tasks)
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`train.lr=3e-4 rounds=2` -> {"train.lr": 0.0003, "rounds": 2} (values read as YAML)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: override {item!r} is not key=value")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.pipeline import form_overrides
+from flows.form import form_overrides
 from flows.workspace import DvcStages, WorkspaceError, create_worktree
 from rollwise.config import ParamsError
 

@@ -335,16 +335,17 @@ def test_lagged_rollout_overlaps_training(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     import flows.pipeline as pipeline_module
+    import flows.stages as stages_module
 
     meet = threading.Barrier(2, timeout=60)
-    timed_stage = pipeline_module.timed_stage
+    timed_stage = stages_module.timed_stage
 
     def meeting(stage: str, run, params, root: Path, r: str | None = None) -> dict:
         if f"{stage}@{r}" in ("rollout@02", "train@01"):
             meet.wait()
         return timed_stage(stage, run, params, root, r)
 
-    monkeypatch.setattr(pipeline_module, "timed_stage", meeting)
+    monkeypatch.setattr(stages_module, "timed_stage", meeting)
     monkeypatch.setattr(pipeline_module, "ROOT", project)
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
