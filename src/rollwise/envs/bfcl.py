@@ -190,13 +190,18 @@ def hazard(name: str, arguments: dict) -> str | None:
 
 def call_method(method: Callable, arguments: dict) -> tuple[str, bool]:
     """(result text, ok). An exception is a result, as in BFCL; so is an {"error": ...} dict,
-    which counts as not ok. Process-wide precision settings are restored after the call."""
+    which counts as not ok. Process-wide precision settings are restored after the call.
+    The method gets a deep copy of the arguments: BFCL's classes keep list arguments by
+    reference and later calls extend them (post_tweet's mentions), which would otherwise change
+    the caller's ToolCall, a task's oracle among them. Nothing else leaves the instance: the
+    result is rendered to text under the lock, before another call can change what it refers to.
+    """
     with _CALLS, mpmath.workdps(mpmath.mp.dps), decimal.localcontext():
         try:
-            value = method(**arguments)
+            value = method(**copy.deepcopy(arguments))
         except Exception as e:
             return f"Error during execution: {e}", False
-    return result_text(value), not (isinstance(value, dict) and "error" in value)
+        return result_text(value), not (isinstance(value, dict) and "error" in value)
 
 
 def parse_call(text: str, methods: dict[str, Callable]) -> ToolCall:
