@@ -12,7 +12,15 @@ import pytest
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
 
-from rollwise.envs.bfcl import BFCLEnv, Entry, expected_of, replay
+from rollwise.envs.bfcl import (
+    CATEGORIES,
+    BFCLEnv,
+    Entry,
+    expected_of,
+    plain,
+    public_state,
+    replay,
+)
 from rollwise.envs.generate import oracle_passes
 from rollwise.envs.protocol import Environment, MultiTurn, TaskSource
 from rollwise.policy.chat import MAX_CALLS_PER_TURN, action_text, encode, user_text
@@ -71,6 +79,22 @@ def test_wrong_call_sequences_fail_both(base):
 def test_ground_truth_replays_in_every_category(category):
     both = verdicts(BFCLEnv([category]), lambda turn: turn)
     assert len(both) == 200 and all(theirs and ours for theirs, ours in both)  # pinned: 200
+
+
+def test_replaying_an_oracle_twice_changes_neither_it_nor_the_final_state():
+    """BFCL keeps list arguments by reference and later calls extend them (entries 90 and 147
+    post a tweet whose mentions a later call appends to): the oracle must come out unchanged."""
+    env = BFCLEnv(CATEGORIES)
+    tasks = env.tasks()
+    assert len(tasks) == 800  # pinned: every entry of the four categories
+    for task in tasks:
+        oracle = copy.deepcopy(task.oracle)
+        finals = []
+        for _ in range(2):
+            assert replay(env, task, env.oracle_turns(task)).success, task.task_id
+            assert task.oracle == oracle, task.task_id
+            finals.append(plain(public_state(env.instances)))
+        assert finals[0] == finals[1], task.task_id
 
 
 def test_our_executor_gives_bfcls_results(base):

@@ -6,7 +6,12 @@ and mpmath) hold the state. Each entry's initial_config builds fresh instances, 
 docs are the tools, and the user turns are fed in order (`next_turn`). A call runs by name on a
 whitelist, the documented public methods of the entry's instances, with arguments checked
 against the doc's schema first; nothing is ever eval'd. The ground truth's call strings are
-parsed with `ast` (arguments by `ast.literal_eval`) and run through the same executor.
+parsed with `ast` (arguments by `ast.literal_eval`) and run through the same executor. Where
+BFCL's executor answers a call with "Error during execution: ..." before running anything (an
+argument the function lacks, one missing, a function that does not exist, a call that does not
+compile), so do we, to the policy and for the ground truth alike (envs/bfcl_exec.py): such a
+ground-truth call is an expected error result, not a reason to drop the entry. Instances load
+with the long_context flag BFCL's checker sets for the entry's category.
 
 Verification follows BFCL's multi_turn_checker: after every turn whose ground truth is not
 empty, (1) the model called something in that turn, (2) every instance's public attributes
@@ -23,15 +28,12 @@ process-wide settings a call would otherwise change for every other episode.
 
 from __future__ import annotations
 
-import ast
 import copy
-import decimal
 import functools
 import hashlib
 import importlib
 import inspect
 import json
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.resources import files
@@ -42,13 +44,14 @@ from rollwise.envs.schema import check_call
 from rollwise.types import Observation, Rubric, Task, ToolCall, ToolSpec
 
 try:
-    import mpmath
     from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
     from bfcl_eval.constants.executable_backend_config import (
         CLASS_FILE_PATH_MAPPING,
         MULTI_TURN_FUNC_DOC_FILE_MAPPING,
         STATELESS_CLASSES,
     )
+
+    from rollwise.envs.bfcl_exec import call_method, execute, executor_error, hazard, parse_call
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
         f"envs/bfcl.py needs bfcl-eval and mpmath ({e}): "
@@ -65,9 +68,6 @@ GORILLA_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": N
 # Where BFCL's own ground truth contradicts its docs (multi_turn_*_173 closes ticket
 # 'ticket_001', documented as an integer): the type both accept.
 ERRATA = {("close_ticket", "ticket_id"): ["integer", "string"]}
-MAX_PRECISION = 1000  # digits MathAPI may be asked for (it sets a process-wide precision)
-MAX_POWER_BITS = 1_000_000  # int ** int beyond this would run for minutes
-_CALLS = threading.Lock()  # one BFCL call at a time: see the module docstring
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,12 @@ def to_spec(doc: dict) -> ToolSpec:
     return ToolSpec(doc["name"], doc["description"], schema)
 
 
+def long_context(entry_id: str) -> bool:
+    """The flag BFCL's checker and inference loop load every instance with, from the id."""
+    group = entry_id.rsplit("_", 1)[0]
+    return "long_context" in group or "composite" in group
+
+
 def build_instances(entry: Entry) -> dict[str, object]:
     """Fresh API instances loaded from the entry's initial_config, as BFCL builds them."""
     out = {}
@@ -147,7 +153,7 @@ def build_instances(entry: Entry) -> dict[str, object]:
         instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
         if name not in STATELESS_CLASSES:
             config = copy.deepcopy(entry.initial_config.get(name, {}))
-            instance._load_scenario(config, long_context=entry.category == "long_context")
+            instance._load_scenario(config, long_context=long_context(entry.id))
         out[name] = instance
     return out
 
@@ -162,54 +168,6 @@ def whitelist(instances: dict[str, object]) -> dict[str, Callable]:
             if not name.startswith("_") and inspect.isfunction(getattr(type(instance), name, None)):
                 out[name] = getattr(instance, name)
     return out
-
-
-def result_text(value: object) -> str:
-    """A call's result as BFCL's executor renders it."""
-    if type(value) is str:
-        return value
-    if type(value) is dict:
-        try:
-            return json.dumps(value)
-        except (TypeError, ValueError):
-            return str(value)
-    return str(value)
-
-
-def hazard(name: str, arguments: dict) -> str | None:
-    """Arguments that would run for minutes or set precision beyond reason (MathAPI)."""
-    precision = arguments.get("precision")
-    if isinstance(precision, int) and precision > MAX_PRECISION:
-        return f"precision must be at most {MAX_PRECISION}"
-    base, exponent = arguments.get("base"), arguments.get("exponent")
-    if name == "power" and isinstance(base, int) and isinstance(exponent, int):
-        if abs(exponent) * max(abs(base), 1).bit_length() > MAX_POWER_BITS:
-            return "the result would be too large"
-    return None
-
-
-def call_method(method: Callable, arguments: dict) -> tuple[str, bool]:
-    """(result text, ok). An exception is a result, as in BFCL; so is an {"error": ...} dict,
-    which counts as not ok. Process-wide precision settings are restored after the call."""
-    with _CALLS, mpmath.workdps(mpmath.mp.dps), decimal.localcontext():
-        try:
-            value = method(**arguments)
-        except Exception as e:
-            return f"Error during execution: {e}", False
-    return result_text(value), not (isinstance(value, dict) and "error" in value)
-
-
-def parse_call(text: str, methods: dict[str, Callable]) -> ToolCall:
-    """A ground-truth call string, `name(arg, key=value)`, as a ToolCall with named arguments:
-    parsed by ast, values by literal_eval, positional arguments bound by the method's signature,
-    then through JSON (tuples become lists) as a policy would send them."""
-    node = ast.parse(text.strip(), mode="eval").body
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-        raise ValueError(f"not a plain call: {text!r}")
-    args = [ast.literal_eval(a) for a in node.args]
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-    bound = inspect.signature(methods[node.func.id]).bind(*args, **kwargs)
-    return ToolCall(node.func.id, json.loads(json.dumps(dict(bound.arguments))))
 
 
 def public_state(instances: dict[str, object]) -> dict[str, dict]:
@@ -254,7 +212,7 @@ def expected_of(entry: Entry) -> Expected:
     methods = whitelist(instances)
     results, states = [], []
     for turn in oracle_of(entry):
-        results.append([call_method(methods[c.name], c.arguments)[0] for c in turn])
+        results.append([execute(methods, c)[0] for c in turn])
         states.append(copy.deepcopy(public_state(instances)))
     return Expected(results, states)
 
@@ -272,16 +230,27 @@ def contains_all(found: list[str], wanted: list[str]) -> bool:
 class BFCLEnv:
     """All entries of the chosen categories; a task is one entry (env_id bfcl_<category>)."""
 
+    oracle_errors_ok = True  # an oracle call may be answered with an error: generate.py
+
     def __init__(self, categories: Iterable[str] = CATEGORIES, ids: Iterable[str] | None = None):
         keep = set(ids) if ids is not None else None
         self.entries = {
             e.id: e for c in categories for e in load_entries(c) if keep is None or e.id in keep
         }
         self.expected: dict[str, Expected] = {}  # ground truth runs, cached (copies share it)
+        self.skipped: dict[str, str] = {}  # entries tasks() leaves out, with the reason
         self.entry: Entry | None = None
 
     def tasks(self) -> list[Task]:
-        return [self.task_of(e) for e in self.entries.values()]
+        """A task per entry whose ground truth we can run; the others, with the reason, are
+        left in `self.skipped` (a call BFCL would evaluate as an expression: parse_call)."""
+        out, self.skipped = [], {}
+        for entry in self.entries.values():
+            try:
+                out.append(self.task_of(entry))
+            except ValueError as e:
+                self.skipped[entry.id] = str(e)
+        return out
 
     def task_of(self, entry: Entry) -> Task:
         turns = oracle_of(entry)
@@ -327,12 +296,17 @@ class BFCLEnv:
         return [{"role": "system", "content": SYSTEM}, *self.entry.turns[0]]
 
     def step(self, call: ToolCall) -> Observation:
-        error = check_call(self.specs, call.name, call.arguments)
-        error = error or hazard(call.name, call.arguments)
-        if error is not None:
-            content, ok = json.dumps({"error": error}), False
-        else:
-            content, ok = call_method(self.methods[call.name], call.arguments)
+        """BFCL's executor's answer where it answers with an error before running anything
+        (bfcl_exec); else our schema and hazard checks, then the method."""
+        content = executor_error(self.methods, call)
+        ok = False
+        if content is None:
+            error = check_call(self.specs, call.name, call.arguments)
+            error = error or hazard(call.name, call.arguments)
+            if error is not None:
+                content = json.dumps({"error": error})
+            else:
+                content, ok = call_method(self.methods[call.name], call.arguments)
         self.calls[-1].append(call)
         self.results[-1].append(content)
         self.kinds.append("ok" if ok else "tool_error")

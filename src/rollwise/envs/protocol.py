@@ -10,7 +10,9 @@ state must be created in `reset`, never shared through attributes set in `__init
 One optional method: `next_turn(answer) -> list[dict] | None` (`MultiTurn`), for an environment
 whose user speaks more than once. It is not a member of `Environment`, so isinstance checks keep
 passing without it; callers go through the module function `next_turn`, whose default (no such
-method) is None: the conversation ends at the first answer, as before.
+method) is None: the conversation ends at the first answer, as before. One optional attribute:
+`oracle_errors_ok = True` lets generation keep a task whose oracle makes calls the environment
+answers with an error (BFCL's ground truth may; its verdict checks those errors).
 """
 
 from __future__ import annotations
