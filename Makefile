@@ -1,4 +1,5 @@
-# rollwise: `make run` runs the pipeline, `make ui` opens Prefect + MLflow, `make test` is CI.
+# rollwise: `make run` runs the pipeline, `make ui` opens Prefect + MLflow, `make test` is CI,
+# `make check` the fast tier while working.
 # Every target that needs Python sets up .venv first (once; again when the deps change).
 
 SHELL := /bin/bash
@@ -17,7 +18,7 @@ QUIET := PREFECT_HOME=$(STATE)/prefect \
 	HF_HUB_OFFLINE=1 \
 	RAY_AUTH_MODE=disabled
 
-.PHONY: venv vllm-env run test ui bench clean distclean
+.PHONY: venv vllm-env run test check ui bench clean distclean
 
 venv: $(STAMP)
 
@@ -58,6 +59,13 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(QUIET) $(PY) -m pytest -q
+
+# The fast tier: lint and the unit tests; no tests/e2e/ and nothing marked e2e (servers, whole
+# pipeline runs). CI runs `make test`.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(QUIET) $(PY) -m pytest -q -m "not e2e" --ignore=tests/e2e
 
 ui: $(STAMP) | $(STATE)/tmp
 	scripts/ui.sh
