@@ -32,9 +32,7 @@ def main() -> None:
         raise SystemExit("error: no chromium on PATH (Debian: apt-get install chromium)")
     work = Path(tempfile.mkdtemp(prefix="rollwise-shot-"))
     os.environ.update(PREFECT_HOME=str(work / "home"), **servers.QUIET_ENV)
-    port = servers.free_port()  # the UI must be told where its API is (else it tries :4200)
-    os.environ["PREFECT_UI_API_URL"] = f"http://127.0.0.1:{port}/api"
-    server = servers.start_prefect(work / "prefect", port)
+    server = servers.start_prefect(work / "prefect")
     try:
         os.environ["PREFECT_API_URL"] = server.url
         from flows.serve import DEPLOYMENTS
