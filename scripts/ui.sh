@@ -71,7 +71,9 @@ export PREFECT_API_URL="$PREFECT_URL/api" MLFLOW_TRACKING_URI="$MLFLOW_URL"
 cat <<EOF
 Prefect UI: $PREFECT_URL   (Deployments: 'pipeline' runs everything, 'evaluate' evaluation alone;
             each run is its own worktree under .rollwise/runs/, see README)
-MLflow UI:  $MLFLOW_URL   (experiment 'rollwise')
+MLflow UI:  $MLFLOW_URL   (experiment 'rollwise'; MLflow 3 opens in GenAI mode: click
+            'Model training' at the top left once, or open
+            $MLFLOW_URL/#/experiments?workflowType=machine_learning)
 Logs: $STATE/logs/   Ctrl-C stops everything.
 EOF
 # In the background and waited for: bash runs a trap only once its foreground child exits, so a
