@@ -114,12 +114,20 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
 
 
 def start_prefect(home: Path, port: int | None = None) -> Server:
-    """`prefect server start` with its database and settings under `home`."""
+    """`prefect server start` with its database and settings under `home`.
+
+    The UI is told its API's URL (PREFECT_UI_API_URL): unset, Prefect hands the browser :4200
+    whatever the port, and the UI on any other port cannot reach its API.
+    """
     port = port or free_port()
-    env = {"PREFECT_HOME": str(home), "TMPDIR": str(home / "tmp")}
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "PREFECT_HOME": str(home),
+        "TMPDIR": str(home / "tmp"),
+        "PREFECT_UI_API_URL": base + "/api",
+    }
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    base = f"http://127.0.0.1:{port}"
     return start("prefect", cmd, env, f"{base}/api/health", f"{base}/api", home / "server.log")
 
 

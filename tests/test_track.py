@@ -162,6 +162,26 @@ def test_local_sqlite_store_without_server(tmp_path: Path, monkeypatch):
     assert track.open_run(tmp_path, {"test": "sqlite"}) == run_id
 
 
+def test_experiment_opens_as_training_runs_in_the_ui(server: str, tmp_path: Path):
+    """MLflow 3's UI reads mlflow.experimentKind; without it our runs showed as a GenAI app."""
+    track.open_run(tmp_path, {"test": "kind"})
+    exp = MlflowClient(server).get_experiment_by_name(track.EXPERIMENT)
+    assert exp.tags[track.KIND_TAG] == "custom_model_development"
+
+
+def test_untagged_experiment_is_tagged_a_set_kind_kept(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    client = MlflowClient(track.tracking_uri(tmp_path))
+    exp_id = client.create_experiment(track.EXPERIMENT)  # as an older rollwise made it
+    assert track.KIND_TAG not in client.get_experiment(exp_id).tags
+    track.open_run(tmp_path, {"test": "untagged"})
+    assert client.get_experiment(exp_id).tags[track.KIND_TAG] == "custom_model_development"
+    client.set_experiment_tag(exp_id, track.KIND_TAG, "genai_development")  # the user's choice
+    track.open_run(tmp_path, {"test": "untagged", "again": 1})
+    assert client.get_experiment(exp_id).tags[track.KIND_TAG] == "genai_development"
+
+
 def test_pipeline_params_are_logged_with_dotted_names(tmp_path: Path, monkeypatch):
     """The real params.yaml, as a stage logs it: every leaf under its dotted path, no sections."""
     from rollwise.config import load_params

@@ -41,6 +41,9 @@ HASH_TAG = "rollwise.params_hash"
 GIT_COMMIT_TAG = "rollwise.git_commit"
 DVC_LOCK_TAG = "rollwise.dvc_lock_hash"
 FLOW_RUN_TAG = "rollwise.prefect_flow_run_id"
+# MLflow 3's UI picks an experiment's view from this tag: untagged, it may open our runs as a GenAI
+# app ("Traces 0"); custom_model_development opens the training-runs view with metric charts.
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect sets in a flow run's process; the flow too
 MAX_PARAM_CHARS = 6000  # MLflow rejects longer param values
 _PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
@@ -333,15 +336,20 @@ def _resolve(client: MlflowClient, root: Path, run_id: str) -> str:
 
 
 def _experiment_id(client: MlflowClient, root: Path) -> str:
+    """The id of experiment "rollwise", created (or tagged) with the kind MLflow's UI reads."""
     exp = client.get_experiment_by_name(EXPERIMENT)
     if exp is not None:
+        if KIND_TAG not in exp.tags:  # made by an older rollwise or by hand; a set kind stays
+            client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND)
         return exp.experiment_id
     location = None
     if client.tracking_uri.startswith("sqlite:"):  # artifacts beside the database file
         db = Path(client.tracking_uri.removeprefix("sqlite:///"))
         location = (db.parent / "mlruns").as_uri()
     try:
-        return client.create_experiment(EXPERIMENT, artifact_location=location)
+        return client.create_experiment(
+            EXPERIMENT, artifact_location=location, tags={KIND_TAG: KIND}
+        )
     except MlflowException:  # another process created it first
         exp = client.get_experiment_by_name(EXPERIMENT)
         if exp is None:
