@@ -75,7 +75,7 @@ def check_command(words: list[str]) -> list[str]:
             missing.append(f"script {args[0]}")
     if prog.startswith(".venv/bin/") and Path(prog).name not in {"python", "dvc", "rollwise"}:
         missing.append(f"executable {prog}")
-    if prog.endswith("rollwise") and args[:1] != ["compare"]:
+    if prog.endswith("rollwise") and args and args[:1] != ["compare"]:  # bare: the name
         missing.append(f"rollwise subcommand {args[:1]}")
     return missing
 
