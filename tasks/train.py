@@ -62,7 +62,7 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     from rollwise.policy.build import MARKER, load_policy, save_policy
     from rollwise.train.guard import as_record, judge, validation_success
     from rollwise.train.optim import apply_lrs, make_optimizer
-    from rollwise.train.prepare import export, prepare
+    from rollwise.train.prepare import export, is_lora, prepare
     from rollwise.train.trainer import load_state, save_state, train_round, training_batch, world
 
     cfg, prev = params.train, params.rounds[r].start
@@ -83,7 +83,7 @@ def train(params: Params, root: Path, r: str, device=None) -> dict:
     model = prepare(model, cfg, device)
     optimizer = make_optimizer(model, cfg)
     # LoRA: round r's adapters are new (r-1's are merged into its weights): no moments to resume
-    step = load_state(model_dir(root, prev), optimizer if cfg.lora is None else None).step
+    step = load_state(model_dir(root, prev), None if is_lora(model) else optimizer).step
     apply_lrs(optimizer, cfg)  # the params' lrs win over the saved ones
     ref = None
     if cfg.kl_coef > 0:
