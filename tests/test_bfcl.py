@@ -256,7 +256,7 @@ def test_the_engine_feeds_every_user_turn_and_ground_truth_passes_every_entry(ca
         assert ep["tool_calls"] == sum(map(len, entry.ground_truth))
         assert len(later) == len(entry.turns) - 1
         for (_, end), turn in zip(replies, later, strict=False):
-            user_ids = encode(tok, user_text(turn))  # each later user turn, exactly, mask 0
+            user_ids = encode(tok, user_text(tok, turn))  # each later user turn, exactly, mask 0
             assert ids[end : end + len(user_ids)] == user_ids
             assert not any(mask[end : end + len(user_ids)])
 

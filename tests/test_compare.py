@@ -263,7 +263,7 @@ def episode_frame(tmp_path_factory: pytest.TempPathFactory):
         mask, prompt_len, calls = [0] * len(ids), len(ids), task.oracle[:1] if i == 0 else ()
         for call in calls:
             turn = encode(tokenizer, action_text([call]))
-            obs = encode(tokenizer, observation_text([env.step(call)]))
+            obs = encode(tokenizer, observation_text(tokenizer, [env.step(call)]))
             ids, mask = ids + turn + obs, mask + [1] * len(turn) + [0] * len(obs)
         answer = encode(tokenizer, action_text(answer=task.answer))
         ids, mask = ids + answer, mask + [1] * len(answer)

@@ -183,7 +183,7 @@ def test_a_users_multi_turn_environment_runs_turn_by_turn(tmp_path: Path, monkey
     assert ends == [("answer", 4, True)] * 4
     for ep, spec in zip(episodes, specs, strict=True):
         (_, replied), (asked, _) = ep["turn_spans"][1], ep["turn_spans"][2]
-        said = encode(tok, user_text([{"role": "user", "content": spec.task.target["then"]}]))
+        said = encode(tok, user_text(tok, [{"role": "user", "content": spec.task.target["then"]}]))
         assert ep["token_ids"][replied:asked] == said  # the second user turn, tokenized once
         assert tok.unk_token_id not in said  # its words are in the built vocabulary
         assert not any(ep["loss_mask"][replied:asked])

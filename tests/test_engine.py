@@ -270,7 +270,7 @@ def test_a_second_user_turn_is_appended_token_exact_with_loss_mask_0(policy):
     assert env.answers == [task.answer] * 2 and ep["answer"] == task.answer
     spans, ids, mask = ep["turn_spans"], ep["token_ids"], ep["loss_mask"]
     start, end = spans[n][1], spans[n + 1][0]  # after the first answer, before the second
-    assert ids[start:end] == encode(tok, user_text(follow_up))  # tokenized once, appended as is
+    assert ids[start:end] == encode(tok, user_text(tok, follow_up))  # tokenized once, as is
     assert mask[start:end] == [0] * (end - start) and not any(ep["logprobs"][start:end])
     assert tok.decode(ids[start:end]) == (
         f"\n<|im_start|>user\n{follow_up[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
@@ -295,7 +295,7 @@ def test_user_turns_respect_the_limits_and_a_failing_user_is_an_env_error(policy
     task, follow_up, _, full, _, _ = two_turn_run(policy, Limits())
     n = len(task.oracle)
     answered = full["turn_spans"][n][1]  # the sequence's length at the first answer
-    user_ids = encode(tok, user_text(follow_up))
+    user_ids = encode(tok, user_text(tok, follow_up))
 
     _, _, _, ep, _, _ = two_turn_run(policy, Limits(max_turns=n + 1))  # no turn left to reply
     assert ep["termination"] == "max_turns" and ep["turns"] == n + 1

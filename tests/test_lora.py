@@ -100,3 +100,17 @@ def test_the_train_stage_saves_a_merged_plain_checkpoint(tmp_path):
     assert any("proj" in k for k in changed) and not any("embed" in k for k in changed)
     assert torch.load(folder / "trainer_state.pt", weights_only=False)["step"] == 4
     load_policy(folder)  # rollout and evaluate load it as any HF folder
+
+
+def test_a_model_above_lora_above_m_trains_lora_by_default():
+    from rollwise.train.prepare import is_lora, lora_for
+
+    model, _ = fresh_model()
+    n = sum(p.numel() for p in model.parameters())
+    assert lora_for(model, TrainConfig()) is None  # the tiny model: below 50M, full fine-tune
+    small_threshold = TrainConfig(lora_above_m=n / 2e6)  # as if it were a real model
+    assert lora_for(model, small_threshold) == LoraConfig()  # peft defaults from params
+    assert lora_for(model, TrainConfig(lora_above_m=None)) is None  # full fine-tune kept
+    assert lora_for(model, TrainConfig(lora_above_m=n / 2e6, lora=LORA.lora)) == LORA.lora
+    assert is_lora(prepare(model, small_threshold))
+    assert not is_lora(prepare(fresh_model()[0], TrainConfig()))

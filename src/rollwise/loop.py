@@ -342,7 +342,7 @@ def train(
     `guard(model) -> Verdict` (train.guard) judges the updated model; an undone update leaves
     the start's weights and snapshot."""
     from rollwise.train.optim import apply_lrs, make_optimizer
-    from rollwise.train.prepare import export, prepare
+    from rollwise.train.prepare import export, is_lora, prepare
     from rollwise.train.trainer import restore, snapshot, train_round, training_batch, world
 
     cfg = params.train
@@ -353,7 +353,7 @@ def train(
     model = prepare(model, cfg, device)
     optimizer = make_optimizer(model, cfg)
     # LoRA: round r's adapters are new (r-1's are merged into its weights): no moments to resume
-    step = restore(trainer, optimizer if cfg.lora is None else None).step
+    step = restore(trainer, None if is_lora(model) else optimizer).step
     apply_lrs(optimizer, cfg)  # the params' lrs win over the saved ones
     metrics = train_round(
         model, items, cfg, optimizer, tokenizer.pad_token_id, ref,

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from rollwise.curate.attribution import answer_of
-from rollwise.policy.chat import action_text, prompt_ids
+from rollwise.policy.chat import calls_text, prompt_ids
 from rollwise.types import STEP_COLUMNS, Task, ToolCall
 
 REPLAY_PREFIX = "bank/"  # episode ids of replayed positives
@@ -132,7 +132,7 @@ def demonstration(entry: dict, prompt: str) -> list[dict]:
     messages = [{"role": "user", "content": prompt}]
     for turn in json.loads(entry["trajectory"]):
         calls = [ToolCall(c["name"], c["arguments"]) for c in turn]
-        messages.append({"role": "assistant", "content": action_text(calls)[: -len("<|im_end|>")]})
+        messages.append({"role": "assistant", "content": calls_text(calls)})
         messages += [{"role": "tool", "content": c["observation"]} for c in turn]
     messages.append({"role": "assistant", "content": entry["answer"] or ""})
     return messages

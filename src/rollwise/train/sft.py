@@ -25,11 +25,14 @@ def oracle_texts(task: Task, env, tokenizer) -> tuple[list[int], list[tuple[str,
     prompt = prompt_ids(tokenizer, env.reset(task, seed=0), env.tools())
     per_turn = env.oracle_turns(task) if hasattr(env, "oracle_turns") else [list(task.oracle)]
     turns: list[tuple[str, str | None]] = []
+    eos = tokenizer.eos_token
     for user_turn in range(MAX_USER_TURNS):
         for call in per_turn[user_turn] if user_turn < len(per_turn) else []:
-            turns.append((action_text([call]), observation_text([env.step(call)])))
+            observation = observation_text(tokenizer, [env.step(call)])
+            turns.append((action_text([call], eos=eos), observation))
         said = next_turn(env, task.answer)
-        turns.append((action_text(answer=task.answer), None if said is None else user_text(said)))
+        after = None if said is None else user_text(tokenizer, said)
+        turns.append((action_text(answer=task.answer, eos=eos), after))
         if said is None:
             return prompt, turns
     raise ValueError(f"{task.task_id}: the user still speaks after {MAX_USER_TURNS} turns")
