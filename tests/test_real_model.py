@@ -90,7 +90,7 @@ NANO = {
     "curate": {"action": "keep", "demonstrations": False},
     "train": {"lr": 1e-4, "epochs": 1, "micro_batch": 4, "seed": 0},
     "evaluate": {"split": "heldout", "max_tasks": 2, "max_turns": 2, "max_new_tokens": 24},
-    "rounds": {"01": {"start": "00", "policy": "00"}},
+    "rounds": {"01": {"start": "00", "rollout_round": "00"}},
 }  # fmt: skip
 
 
