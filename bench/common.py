@@ -74,7 +74,17 @@ def warm_start_folder(p: Params, suite: Suite, cache: Path, given: Path | None =
     if given is not None:
         check_hf_folder(given)
         return given
-    loop.warm_start(p, suite, cache)
+    base = None
+    if p.policy.model:  # a pretrained model, converted once, then SFT'd (finetune_model)
+        from rollwise.policy.build import load_policy, materialize_model
+
+        folder = Path(cache) / f"model_{key_of(p.policy.model_dump())}"
+        if not (folder / "config.json").exists():
+            materialize_model(p.policy.model, folder, p.policy.tools_format)
+        if not p.warmstart.finetune_model:
+            return folder
+        base = load_policy(folder)
+    loop.warm_start(p, suite, cache, base=base)
     return Path(cache) / f"sft_{loop.warmstart_key(p)}"
 
 

@@ -25,20 +25,23 @@ from tasks.common import (
 
 
 def run(params: Params, root: Path) -> dict:
-    from rollwise.policy.build import materialize_model, save_policy
+    from rollwise.policy.build import load_policy, materialize_model, save_policy
 
     suite = read_suite(require(envs_dir(root), "generate"))
     initial_states(root)
+    base = None
     if params.policy.model:
-        return materialize_model(
-            params.policy.model, model_dir(root, "00"), params.policy.tools_format
-        )
+        spec, out = params.policy.model, model_dir(root, "00")
+        made = materialize_model(spec, out, params.policy.tools_format)
+        if not params.warmstart.finetune_model:
+            return made
+        base = load_policy(out)  # SFT'd below, then saved over it
 
     def progress(step: int, loss: float) -> None:
         if step % 25 == 0 or step == params.warmstart.steps - 1:
             report_progress("warmstart", step + 1, params.warmstart.steps, f"loss {loss:.3f}")
 
-    model, tokenizer, info = loop.warm_start(params, suite, on_step=progress)
+    model, tokenizer, info = loop.warm_start(params, suite, on_step=progress, base=base)
     n_params = sum(p.numel() for p in model.parameters())
     log("warmstart", f"{n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {info['demos']} demos")
     for c in info["checks"]:

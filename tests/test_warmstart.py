@@ -66,3 +66,27 @@ def test_stop_at_success_checks_a_fresh_validation_suite(tmp_path):
     with pytest.raises(ValueError, match="stop_at_success"):
         sft_warm_start(validate({"envs": {"custom": "examples.notes_env:make_env"},
                                  "warmstart": {"stop_at_success": 0.5}}), main)  # fmt: skip
+
+
+def test_a_pretrained_base_is_fine_tuned_with_its_own_tokenizer(tmp_path):
+    """warmstart.finetune_model: loop.warm_start SFTs the given (model, tokenizer) on the train
+    oracles instead of building a model: the same tokenizer comes back, the weights moved, and
+    the cache hands the result back without training again."""
+    import torch
+
+    from rollwise import loop
+    from rollwise.policy.build import build_model
+    from tests.helpers import TINY_POLICY
+
+    warm = {"steps": 3, "batch_size": 4, "finetune_model": True}
+    params = validate({"envs": SMALL, "policy": TINY_POLICY.model_dump(), "warmstart": warm})
+    generate_suite(params.envs, tmp_path / "envs")
+    suite = load_suite(tmp_path / "envs")
+    tok = suite_tokenizer(suite)
+    base = build_model(tok, params.policy)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    model, got, info = loop.warm_start(params, suite, tmp_path / "cache", base=(base, tok))
+    assert got is tok and model is base and info["sft_steps"] == 3
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    _, _, again = loop.warm_start(params, suite, tmp_path / "cache", base=(base, tok))
+    assert "cached" in again

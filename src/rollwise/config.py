@@ -112,6 +112,9 @@ class WarmstartConfig(Section):
     muon_lr: float = Field(0.02, gt=0)
     weight_decay: float = Field(0.0, ge=0)  # decoupled, on every weight
     adam_eps: float = Field(1e-8, gt=0)  # AdamW's eps (torch's default)
+    # policy.model set: SFT it on the oracles too (a pretrained model's warm start), else use it
+    # as it is
+    finetune_model: bool = False
     # Stop once greedy success on a validation suite (fresh databases, never trained on or
     # evaluated) reaches this, checked every check_every steps on check_tasks tasks; `steps` is
     # then the most SFT may take. Where copying starts within `steps` differs between machines

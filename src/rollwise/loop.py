@@ -498,10 +498,13 @@ def limits_of(params: Params, r: int):
 
 
 # ---------------------------------------------------------------------------- warm start
-def warm_start(params: Params, suite: Suite, cache: Path | None = None, on_step=None) -> tuple:
-    """(model, tokenizer, info) of round_00: the built tiny model SFT'd on the suite's train
-    oracles (train/warmstart.py), or the user's `policy.model`. With `cache`, a folder keyed by
-    the params it depends on is reused (benches: one warm start per params, built once)."""
+def warm_start(
+    params: Params, suite: Suite, cache: Path | None = None, on_step=None, base: tuple | None = None
+) -> tuple:  # fmt: skip
+    """(model, tokenizer, info) of round_00: the built tiny model, or the pretrained (model,
+    tokenizer) `base` (policy.model with warmstart.finetune_model), SFT'd on the suite's train
+    oracles (train/warmstart.py). With `cache`, a folder keyed by the params it depends on is
+    reused (benches: one warm start per params, built once)."""
     from rollwise.policy.build import load_policy, save_policy
     from rollwise.train.warmstart import sft_warm_start
 
@@ -512,7 +515,7 @@ def warm_start(params: Params, suite: Suite, cache: Path | None = None, on_step=
             model, tokenizer = load_policy(folder)
             return model, tokenizer, {"cached": str(folder)}
     checks: list[dict] = []
-    model, tokenizer, losses, n_demos = sft_warm_start(params, suite, on_step, checks)
+    model, tokenizer, losses, n_demos = sft_warm_start(params, suite, on_step, checks, base)
     info = {"sft_steps": len(losses), "sft_final_loss": losses[-1] if losses else 0.0,
             "demos": n_demos, "checks": checks}  # fmt: skip
     if folder is not None:

@@ -17,10 +17,12 @@ def sft_warm_start(
     suite: Suite,
     on_step: Callable[[int, float], None] | None = None,
     checks: list[dict] | None = None,
+    base: tuple | None = None,
 ) -> tuple:
     """(model, tokenizer, losses, demos): a tokenizer and tiny Qwen2 built from `suite` and its
-    augment suites, SFT on their train oracles; `on_step(step, loss)` reports progress. With
-    warmstart.stop_at_success, each validation check is appended to `checks`."""
+    augment suites, or the pretrained (model, tokenizer) `base`, SFT on their train oracles;
+    `on_step(step, loss)` reports progress. With warmstart.stop_at_success, each validation check
+    is appended to `checks`."""
     from rollwise.policy.build import build_model
     from rollwise.train.sft import oracle_sequence, sft
 
@@ -34,8 +36,11 @@ def sft_warm_start(
                     "warmstart.stop_at_success needs the synthetic suite (envs.custom is set)"
                 )
             validation = validation_suite(params, Path(scratch) / "validation")
-        tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []))
-        model = build_model(tokenizer, params.policy)
+        if base is None:
+            tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []))
+            model = build_model(tokenizer, params.policy)
+        else:  # a pretrained model's own tokenizer reads every word
+            model, tokenizer = base
         train = [
             oracle_sequence(t, s.envs[t.env_id], tokenizer)
             for s in demo_suites
