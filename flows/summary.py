@@ -22,11 +22,30 @@ def stage_walls(metrics: dict[str, dict]) -> dict[str, float]:
     return walls
 
 
+def evaluation_lines(root: Path, params: Params) -> list[str] | None:
+    """The evaluate stage's outputs, summarized (evaluate/report.py run_summary); None when
+    they are missing (an older run: the metrics file's lines instead)."""
+    import pandas as pd
+
+    from rollwise.evaluate.report import run_summary
+
+    out = root / "data" / "eval"
+    files = [out / n for n in ("selection.json", "summary.parquet", "matrix.parquet")]
+    if not all(f.exists() for f in files):
+        return None
+    sel = json.loads(files[0].read_text())
+    winner = sel["winner"]
+    folder = params.evaluate.candidates.get(winner, f"models/{winner}")
+    return run_summary(sel, pd.read_parquet(files[1]), pd.read_parquet(files[2]), folder)
+
+
 def summary_table(root: Path, params: Params, wall_s: float | None = None) -> str:
     m = read_metrics(root)
     ev = m.get("evaluate")
     lines = ["", "rollwise summary", "=" * 60]
-    if ev:
+    if ev and (found := evaluation_lines(root, params)):
+        lines += found
+    elif ev:
         for label, key in (("warm start", "warmstart"), ("final", "final")):
             lines.append(
                 f"held-out success, {label:<10} {100 * ev[f'{key}_success']:5.1f}%  "

@@ -167,7 +167,8 @@ def test_rubric_wrong_answer(suite):
     task = next(t for t in suite.tasks.values() if not t.writes)
     rubric = replay(suite, task, task.oracle, task.answer + "x")
     assert rubric.scores["answer_correct"] == 0.0 and not rubric.success
-    assert rubric.reward == pytest.approx(0.6)
+    assert rubric.scores["grounded"] == 1.0  # it read the right record, then answered wrongly
+    assert rubric.reward == pytest.approx(0.7)
     assert replay(suite, task, task.oracle, None).scores["answer_correct"] == 0.0
 
 
@@ -179,6 +180,87 @@ def test_rubric_extra_calls_cost_efficiency_and_validity(suite):
     assert rubric.scores["calls_valid"] == pytest.approx(len(task.oracle) / len(calls))
     assert rubric.scores["efficiency"] == pytest.approx(len(task.oracle) / len(calls))
     assert rubric.reward < 1.0
+
+
+def read_record(env, task, rid: int) -> ToolCall:
+    """The oracle's last read (get_record) pointed at record `rid` instead."""
+    final = task.oracle[-1]
+    return ToolCall(final.name, {env.keys["record"]: rid})
+
+
+def test_a_matching_value_read_from_the_wrong_record_fails(suite):
+    """The issue's case: the record the task asks about and another one share the answer; an
+    episode that reads only the other one answers right but is not grounded, so it fails."""
+    found = []
+    for task in (t for t in suite.tasks.values() if t.kind == "status"):
+        env = clone_env(suite.envs[task.env_id])
+        env.reset(task, 0)
+        right = task.oracle[-1].arguments[env.keys["record"]]
+        for (table, rid), row in env.rows().items():
+            if table == f"{env.domain.record}s" and rid != right and row[3] == task.answer:
+                found.append((task, rid))
+    assert found, "the small suite has a status shared by two records"
+    task, other = found[0]
+    env = suite.envs[task.env_id]
+    wrong = [*task.oracle[:-1], read_record(env, task, other)]
+    rubric = replay(suite, task, wrong, task.answer)
+    assert rubric.scores["answer_correct"] == 1.0 and rubric.scores["state_correct"] == 1.0
+    assert rubric.scores["grounded"] == 0.0 and not rubric.success
+    assert rubric.reward == pytest.approx(0.9)
+    # reading the right record as well grounds the same answer
+    assert replay(suite, task, [*wrong, task.oracle[-1]], task.answer).success
+
+
+def test_a_constant_answer_without_reads_is_not_grounded(suite):
+    for task in (t for t in suite.tasks.values() if not t.writes):
+        rubric = replay(suite, task, [], task.answer)
+        assert rubric.scores["answer_correct"] == 1.0 and not rubric.success
+        assert rubric.scores["grounded"] == 0.0
+
+
+def test_write_tasks_are_grounded_by_their_state(suite):
+    task = next(t for t in suite.tasks.values() if t.writes)
+    assert replay(suite, task, task.oracle[-1:], task.answer).scores["grounded"] == 1.0
+
+
+def test_a_read_only_answer_is_in_the_oracles_last_read(suite):
+    """What grounding relies on (envs/generate.py): the answer comes from the last read."""
+    from rollwise.envs.rubric import normalize
+
+    for task in (t for t in suite.tasks.values() if not t.writes):
+        env = clone_env(suite.envs[task.env_id])
+        env.reset(task, 0)
+        read = env.read_at_start(task.oracle[-1])
+        values = [len(read)] if isinstance(read, list) else read.values()
+        assert normalize(task.answer) in {normalize(str(v)) for v in values}, task.task_id
+
+
+def test_an_equivalent_call_grounds_the_answer():
+    """Another tool's result that names the record read and holds the answer counts (the owner's
+    city from a record's owner lookup); the same fields of another record, or a keyless result
+    equal to the oracle's (another owner's equal total), do not."""
+    from rollwise.envs.rubric import covers
+
+    keys = ("order_id", "customer_id")
+    owner = {"customer_id": 7, "name": "erin", "city": "oslo"}
+    joined = {"order_id": 3, "customer_id": 7, "name": "erin", "city": "oslo"}
+    assert covers(joined, owner, "oslo", keys)
+    assert not covers({**joined, "customer_id": 8}, owner, "oslo", keys)
+    assert not covers({"customer_id": 7, "name": "erin"}, owner, "oslo", keys)
+    total = {"count": 2, "amount": 310}
+    assert not covers(dict(total), total, "310", keys)
+    rows = [{"order_id": 1, "product": "lamp"}, {"order_id": 2, "product": "rug"}]
+    assert not covers(rows[::-1], rows, "2", keys)  # only the oracle's own call reads a list
+
+
+def test_a_faulty_result_of_the_right_call_is_still_grounded(suite):
+    from rollwise.envs.rubric import grounding
+    from rollwise.types import Observation
+
+    task = next(t for t in suite.tasks.values() if t.kind == "status")
+    made = [(c, Observation('{"garbled": 1}')) for c in task.oracle]
+    assert grounding(task, made, lambda call: {}, ()) == 1.0
+    assert grounding(task, made[:-1], lambda call: {"x": 1}, ("x",)) == 0.0
 
 
 def test_rubric_cancel_of_the_wrong_record(suite):

@@ -61,9 +61,11 @@ def count_cells(monkeypatch) -> list[int]:
 def test_cli_evaluates_just_the_named_folders(project, tmp_path, monkeypatch):
     calls = count_cells(monkeypatch)
     out = tmp_path / "out"
-    root = str(project["root"])
+    root = tmp_path / "full_root"  # full evaluation asked for (halving is the default)
+    shutil.copytree(project["root"], root)
+    (root / "params.yaml").write_text(yaml.safe_dump({"evaluate": {**EVAL, "method": "full"}}))
     args = ["--candidate", f"blank={project['blank']}", "--candidate", f"sft={project['sft']}"]
-    evaluate.main([*args, "--root", root, "--out", str(out)])
+    evaluate.main([*args, "--root", str(root), "--out", str(out)])
     sel = json.loads((out / "selection.json").read_text())
     summary = pd.read_parquet(out / "summary.parquet").set_index("candidate")
     assert sorted(summary.index) == ["blank", "sft"] and summary["round"].isna().all()
@@ -79,7 +81,7 @@ def test_cli_evaluates_just_the_named_folders(project, tmp_path, monkeypatch):
     report = (out / "report.md").read_text()
     assert "## Checkpoint selection" in report and "Winner: **sft**" in report
     assert (out / "candidates.png").exists() and not (out / "per_round.png").exists()
-    assert not (project["root"] / "data" / "metrics").exists()  # nothing recorded for DVC
+    assert not (root / "data" / "metrics").exists()  # nothing recorded for DVC
 
 
 def test_params_candidates_join_the_rounds(project):
@@ -207,6 +209,40 @@ def test_the_stage_adds_params_candidates_to_the_rounds(project, tmp_path, monke
     assert (out / "per_round.png").exists() and (out / "candidates.png").exists()
     report = (out / "report.md").read_text()
     assert "Method: paired successive halving" in report and "| 0 (warm-up) | 3:" in report
+
+
+def test_halving_is_the_default_and_spends_fewer_cells_on_the_micro_config(project, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    """The e2e micro config (no evaluate.method) runs paired successive halving: fewer cells
+    than full evaluation; report.md and `make run`'s summary name the shipped policy (the
+    winner), its held-out success with its interval on the tasks it ran, and cells against full."""
+    from flows.summary import summary_table
+    from rollwise import track
+    from tasks.common import timed_stage
+
+    calls = count_cells(monkeypatch)
+    for name in ("open_run", "log_metrics", "log_artifacts"):
+        monkeypatch.setattr(track, name, lambda *a, **k: "run")
+    root = tmp_path / "proj"
+    shutil.copytree(project["root"] / "data", root / "data")
+    for r, folder in (("00", "blank"), ("01", "blank"), ("02", "sft")):
+        shutil.copytree(project[folder], root / "models" / f"round_{r}")
+    shutil.copy(Path(__file__).parent / "e2e" / "micro_params.yaml", root / "params.yaml")
+    params = load_params(root / "params.yaml")
+    assert "method" not in yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
+    metrics = timed_stage("evaluate", evaluate.run, params, root)
+    sel = json.loads((root / "data" / "eval" / "selection.json").read_text())
+    assert sel["method"] == "halving"
+    assert sel["cells_used"] == sum(calls) == metrics["cells"] < metrics["cells_full"] == 3 * 6
+    report = (root / "data" / "eval" / "report.md").read_text()
+    assert f"Shipped policy: **{sel['winner']}**, held-out success" in report
+    assert f"in {sel['cells_used']} of the 18 cells of full evaluation" in report
+    text = summary_table(root, params)
+    assert f"shipped policy                {sel['winner']} (models/{sel['winner']})" in text
+    lo, hi = (f"{100 * v:.1f}" for v in sel["interval"])
+    assert f"(95% CI {lo}–{hi}%) on {sel['winner_cells']} tasks" in text
+    assert f"paired successive halving: {sel['cells_used']} of 18 cells" in text
+    assert "held-out tasks both ran (final minus warm start)" in text
 
 
 def test_the_deployments_candidates_only_task(project, tmp_path):

@@ -125,3 +125,10 @@ def test_the_stop_needs_stronger_evidence_than_the_guard():
     assert loose.stopped == "leader beats every survivor"
     assert strict.stopped == "items exhausted" and strict.winner == loose.winner == "c0"
     assert HalvingKnobs().stop_alpha < HalvingKnobs().alpha
+
+
+def test_one_candidate_is_measured_on_every_item():
+    """Nothing to choose: halving would stop after the warm-up core, so the one candidate runs
+    every item and its success is on all of them."""
+    sel, _ = run(simulate(5, np.zeros(1), 20), method="halving")
+    assert sel.method == "full" and sel.cells_used == sel.cells_full == 20

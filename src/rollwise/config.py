@@ -353,7 +353,7 @@ class EvaluateConfig(Section):
     max_tasks: int = Field(400, ge=1)
     max_turns: int = Field(6, ge=1)
     max_new_tokens: int = Field(48, ge=1)
-    method: Literal["full", "halving"] = "full"  # evaluate/halving.py SELECTORS
+    method: Literal["full", "halving"] = "halving"  # evaluate/halving.py SELECTORS
     budget_frac: float = Field(0.6, gt=0, le=1)  # halving: cap on cells, share of full evaluation
     halving: HalvingConfig = HalvingConfig()
     # Extra candidates beside every round's checkpoint: name -> a Hugging Face model folder.

@@ -76,11 +76,15 @@ class Rubric:
 
     @property
     def success(self) -> bool:
-        """The task was done: right answer, right final state, nothing else touched."""
-        return all(self.scores[k] == 1.0 for k in SUCCESS_CRITERIA)
+        """The task was done: right answer, right final state, nothing else touched (and, where
+        the environment scores it, the answer read from the record asked about)."""
+        gates = [*SUCCESS_CRITERIA, *(k for k in OPTIONAL_CRITERIA if k in self.scores)]
+        return all(self.scores[k] == 1.0 for k in gates)
 
 
 SUCCESS_CRITERIA = ("answer_correct", "state_correct", "no_side_effects")
+# Success criteria an environment may leave out (the synthetic suites score it: envs/rubric.py).
+OPTIONAL_CRITERIA = ("grounded",)
 
 
 # Columns of the per-stage tables (design.md §2); tests check artifacts against these.

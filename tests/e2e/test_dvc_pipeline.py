@@ -91,6 +91,7 @@ def test_pipeline_exits_zero(pipeline):
         f"stdout:\n{first.stdout[-4000:]}\nstderr:\n{first.stderr[-4000:]}"
     )
     assert "rollwise summary" in first.stdout
+    assert "shipped policy" in first.stdout and "paired successive halving:" in first.stdout
 
 
 def read(path: Path) -> pd.DataFrame:
@@ -157,6 +158,9 @@ def test_eval_artifacts(pipeline):
     assert set(matrix["candidate"]) == {"round_00", "round_01", "round_02"}
     selection = json.loads((out / "selection.json").read_text())
     assert selection["winner"] in set(matrix["candidate"])
+    # halving is the default: it chose with fewer cells than full evaluation
+    assert selection["method"] == "halving"
+    assert selection["cells_used"] == matrix["ran"].sum() < selection["cells_full"] == len(matrix)
     assert (out / "report.md").read_text().startswith("# Held-out evaluation")
     assert (out / "per_round.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from rollwise.types import SUCCESS_CRITERIA, Observation, Rubric, Task, ToolCall
+from rollwise.types import OPTIONAL_CRITERIA, SUCCESS_CRITERIA, Observation, Rubric, Task, ToolCall
 
 CAUSES = (
     "env_error",
@@ -357,7 +357,7 @@ def replay_evidence(replays: list[Replay], episode: dict) -> tuple[dict, dict]:
             c
             for r in replays
             if r.verdict is not None and r.verdict.success != success
-            for c in SUCCESS_CRITERIA
+            for c in (*SUCCESS_CRITERIA, *OPTIONAL_CRITERIA)
             if r.verdict.scores.get(c) != recorded.get(c)
         }
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollwise.types import SUCCESS_CRITERIA, Rubric, Task
+from rollwise.types import OPTIONAL_CRITERIA, SUCCESS_CRITERIA, Rubric, Task
 
 AUDIT_FILE = "audit.parquet"
 KNOBS_FILE = "faults.json"
@@ -117,4 +117,5 @@ def flip(scored: Rubric) -> Rubric:
         scores["answer_correct"] = 0.0
     else:
         scores.update({k: 1.0 for k in SUCCESS_CRITERIA})
+        scores.update({k: 1.0 for k in OPTIONAL_CRITERIA if k in scores})
     return Rubric(scores=scores, weights=scored.weights)

@@ -4,7 +4,10 @@ Every environment draws a domain (owners with records: customers/orders, patient
 its spec (entity and tool names, tool set, schema: envs/spec.py), its own database and its own
 task set from task templates (KINDS: 1..4 dependent calls, read-only or state-changing,
 conditional). Each task has an oracle call sequence; a task is kept only if replaying its oracle
-through the runtime passes the verifier (rejections are counted).
+through the runtime passes the verifier (rejections are counted). A read-only task's answer is
+read by its oracle's last call: the rubric's `grounded` criterion checks that an episode made
+that read (or an equivalent one), so a constant answer or another record's matching value does
+not pass, however skewed an answer domain is (statuses are drawn uniformly per record).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ class Environment(Protocol):
 
     def verify(self, answer: str | None, calls: list[ToolCall]) -> Rubric:
         """Score the episode from the state, not only the transcript. The scores must include
-        the criteria of types.SUCCESS_CRITERIA."""
+        the criteria of types.SUCCESS_CRITERIA; those of types.OPTIONAL_CRITERIA it may score
+        (success then needs them too)."""
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ or schema change), so a call cannot reach anything outside its environment's sta
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -72,6 +73,7 @@ class SyntheticEnv:
         self.con.deserialize(self.state0)
         self.con.set_authorizer(self._authorize)
         self.task, self.seed, self.call_kinds, self.last = task, seed, [], ""
+        self.made: list[tuple[ToolCall, Observation]] = []  # what the grounded criterion reads
         self.verified, self.audit = 0, []  # audit: injected faults of this episode only
         self.withheld = self.faults.withheld.get(task.task_id) if self.faults else None
         if self.withheld:
@@ -92,6 +94,7 @@ class SyntheticEnv:
                 json.dumps({"error": f"environment: {type(e).__name__}"}), "env_error"
             )
         self.call_kinds.append(obs.kind)
+        self.made.append((call, obs))
         self.last = obs.content
         return obs
 
@@ -101,13 +104,32 @@ class SyntheticEnv:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def verify(self, answer: str | None, calls: list[ToolCall]) -> Rubric:
-        scored = rubric.score(self.task, answer, self.rows_before, self.rows(), self.call_kinds)
+        keys = (self.keys["record"], self.keys["owner"])
+        grounded = rubric.grounding(self.task, self.made, self.read_at_start, keys)
+        rows = self.rows_before, self.rows()
+        scored = rubric.score(self.task, answer, *rows, self.call_kinds, grounded)
         if self.faults and self.faults.verifier_flip_q:
             self.verified += 1  # each verification draws anew: re-verifying can disagree
             if draw_for(self, "verify", self.verified) < self.faults.verifier_flip_q:
                 self.note(-1, "verdict_flip", {"success": scored.success})
                 return faults.flip(scored)
         return scored
+
+    def read_at_start(self, call: ToolCall) -> dict | list | None:
+        """A call's true result on the episode's start state (no faults, this episode's
+        database untouched): what the grounded criterion compares results with. None when the
+        call fails there (a broken oracle: nothing can be read from it)."""
+        probe = copy.copy(self)
+        probe.faults, probe.withheld = None, None
+        probe.con = sqlite3.connect(":memory:")
+        probe.con.deserialize(self.state0)
+        probe.con.set_authorizer(probe._authorize)
+        try:
+            return probe.execute(call)
+        except Exception:  # ToolError or a broken state: no true result
+            return None
+        finally:
+            probe.con.close()
 
     def note(self, step: int, fault: str, detail: dict) -> None:
         """One audit row of this episode (envs/faults.py); the rollout may write them apart."""

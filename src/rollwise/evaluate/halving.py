@@ -189,5 +189,7 @@ def select(
     method: str, candidates: list[str], items: list[str], run_cells: RunCells,
     budget: int | None = None, knobs: HalvingKnobs = HalvingKnobs(),
 ) -> Selection:  # fmt: skip
-    """The one entry point: dispatch through SELECTORS."""
+    """The one entry point: dispatch through SELECTORS. One candidate leaves nothing to choose:
+    it is measured on every item (halving would stop after its first)."""
+    method = "full" if len(candidates) == 1 else method
     return SELECTORS[method](candidates, items, run_cells, budget, knobs)

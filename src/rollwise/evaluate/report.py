@@ -156,10 +156,10 @@ def markdown(
     head = "| candidate | cells | success | 95% CI | reward | " + " | ".join(
         c[10:] for c in criteria
     ) + " |"  # fmt: skip
-    lines = [
-        "# Held-out evaluation",
-        "",
-        f"{n_tasks} held-out tasks, greedy, one episode each.",
+    lines = ["# Held-out evaluation", "", f"{n_tasks} held-out tasks, greedy, one episode each."]
+    if selection is not None:
+        lines += ["", shipped_line(selection)]
+    lines += [
         "",
         head,
         "|" + "---|" * (5 + len(criteria)),
@@ -172,8 +172,13 @@ def markdown(
         )
     rounds = summary.dropna(subset=["round"]).sort_values("round")
     if len(rounds) > 1:
-        gain = 100 * (rounds.iloc[-1]["success"] - rounds.iloc[0]["success"])
-        lines += ["", f"Final round minus warm start: {gain:+.1f} points.", "",
+        first, last = rounds.iloc[0], rounds.iloc[-1]
+        gain = 100 * (last["success"] - first["success"])
+        note = "" if first["n"] == last["n"] == n_tasks else (
+            f" (each on the tasks it ran: {first['n']} and {last['n']}; the run summary pairs "
+            "them on the tasks both ran)"
+        )  # fmt: skip
+        lines += ["", f"Final round minus warm start: {gain:+.1f} points{note}.", "",
                   "![per round](per_round.png)"]  # fmt: skip
     if selection is not None:
         lines += ["", *selection_section(selection)]
@@ -201,6 +206,57 @@ def markdown(
         lines += ["", "## Sample trajectories (the chosen candidate)", ""]
         lines += [f"- [{name}](trajectories/{name})" for name in samples]
     return "\n".join(lines) + "\n"
+
+
+def shipped_line(sel: Mapping) -> str:
+    """One sentence: the shipped policy (the selection's winner), its held-out success with its
+    interval on the tasks it ran, and what choosing it cost against full evaluation."""
+    lo, hi = sel["interval"]
+    return (
+        f"Shipped policy: **{sel['winner']}**, held-out success {100 * sel['success']:.1f}% "
+        f"(95% CI {100 * lo:.1f}–{100 * hi:.1f}%) on the {sel['winner_cells']} tasks it ran; "
+        f"chosen by {METHODS.get(sel['method'], sel['method'])} in {sel['cells_used']} of the "
+        f"{sel['cells_full']} cells of full evaluation ({100 * sel['cells_fraction']:.1f}%)."
+    )
+
+
+def paired_gain(matrix: pd.DataFrame, first: str, last: str) -> tuple[float, int]:
+    """`last`'s success minus `first`'s, in points, on the tasks both ran (matrix.parquet), and
+    how many: halving runs a weaker candidate on fewer tasks, so unpaired means differ in tasks."""
+    ran = matrix[matrix["ran"]].pivot(index="task_id", columns="candidate", values="success")
+    both = ran.reindex(columns=[first, last]).dropna().astype(float)
+    if both.empty:
+        return float("nan"), 0
+    return 100 * float(both[last].mean() - both[first].mean()), len(both)
+
+
+def run_summary(sel: Mapping, summary: pd.DataFrame, matrix: pd.DataFrame, folder: str) -> list:
+    """The evaluation lines of `make run`'s summary (flows/summary.py): the shipped policy (the
+    selection's winner, in `folder`) with its held-out success, what choosing it cost against
+    full evaluation, the warm start's and final round's success on the tasks each ran, and the
+    gain paired on the tasks both ran."""
+    lo, hi = sel["interval"]
+    method = "paired successive halving" if sel["method"] == "halving" else sel["method"]
+    lines = [
+        f"shipped policy                {sel['winner']} ({folder})",
+        f"held-out success, shipped     {100 * sel['success']:5.1f}%  (95% CI {100 * lo:.1f}–"
+        f"{100 * hi:.1f}%) on {sel['winner_cells']} tasks",
+        f"checkpoint selection          {method}: {sel['cells_used']} of {sel['cells_full']} "
+        f"cells ({100 * sel['cells_fraction']:.1f}% of full evaluation)",
+    ]
+    rounds = summary.dropna(subset=["round"]).sort_values("round")
+    if len(rounds) < 2:
+        return lines
+    first, last = rounds.iloc[0], rounds.iloc[-1]
+    for label, row in (("warm start", first), ("final", last)):
+        lines.append(
+            f"held-out success, {label:<10} {100 * row['success']:5.1f}%  (95% CI "
+            f"{100 * row['success_lo']:.1f}–{100 * row['success_hi']:.1f}%) on {row['n']} tasks"
+        )
+    gain, n = paired_gain(matrix, first["candidate"], last["candidate"])
+    lines.append(f"gain                          {gain:+5.1f} points on the {n} held-out tasks "
+                 "both ran (final minus warm start)")  # fmt: skip
+    return lines
 
 
 METHODS = {
