@@ -18,7 +18,7 @@ Each side runs in its own process (its own peak RSS), one torch thread each, ste
 Writes bench/results/peer_trl.json.
 
     nice -n 10 .venv/bin/python bench/peer_trl.py [--steps 4] [--warmup 1] [--tasks 8] \
-        [--sft-steps 150] [key=value overrides of params.yaml]
+        [--sft-steps 400] [key=value overrides of params.yaml]
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="RL steps per side, warm-up included")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "peer_trl")
     parser.add_argument("--out", type=Path, default=OUT)
