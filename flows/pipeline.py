@@ -55,6 +55,7 @@ from flows.workspace import (
 )
 from rollwise.config import Params, ParamsError, apply_overrides, dump_for_dvc, read_raw, validate
 from rollwise.credit import ESTIMATORS
+from rollwise.evaluate.candidates import stage_metrics
 from rollwise.schedule import SCHEDULERS
 from tasks import evaluate
 from tasks.common import PROGRESS_SINKS, recorded_metrics
@@ -208,7 +209,7 @@ def evaluate_candidates_task(params: Params, root: Path) -> dict:
     found = evaluate.user_candidates(params.evaluate.candidates, root)
     out = root / evaluate.CANDIDATES_OUT
     chosen, summary, n_tasks = evaluate.evaluate_candidates(params, root, found, out)
-    return evaluate.stage_metrics(chosen, found, summary, n_tasks)
+    return stage_metrics(chosen, found, summary, n_tasks)
 
 
 def main(argv: list[str] | None = None) -> int:

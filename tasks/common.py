@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
-import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from rollwise import track
+from rollwise.artifacts import (  # noqa: F401  (the stages' and tests' names for them)
+    CorruptArtifact,
+    MissingUpstream,
+    atomic_dir,
+    corrupt,
+    read_json,
+    read_table,
+    require,
+    write_json,
+)
 from rollwise.config import Params, ParamsError, load_params
 
 
@@ -34,48 +41,6 @@ def metrics_path(root: Path, stage: str) -> Path:
     return root / "data" / "metrics" / f"{stage}.json"
 
 
-class MissingUpstream(FileNotFoundError):
-    """An input another stage should have written is not there."""
-
-
-def require(path: Path, stage: str) -> Path:
-    """A missing upstream artifact names the file and the stage that makes it."""
-    if not path.exists():
-        raise MissingUpstream(f"{path} is missing; it is written by the `{stage}` stage")
-    return path
-
-
-class CorruptArtifact(ValueError):
-    """An input another stage wrote is there but unreadable (truncated, overwritten, bit rot)."""
-
-
-def corrupt(path: Path, stage: str, error: BaseException) -> CorruptArtifact:
-    return CorruptArtifact(
-        f"{path} is unreadable ({type(error).__name__}: {error}); it is written by the "
-        f"`{stage}` stage: rerun it with `dvc repro -f -s {stage}`"
-    )
-
-
-def read_table(path: Path, stage: str):
-    """A parquet output of `stage`: missing or corrupted, the error names the file and stage."""
-    import pandas as pd
-
-    require(path, stage)
-    try:
-        return pd.read_parquet(path)
-    except Exception as e:  # pyarrow raises several types for a damaged file
-        raise corrupt(path, stage, e) from e
-
-
-def read_json(path: Path, stage: str):
-    """A JSON output of `stage`: missing or corrupted, the error names the file and stage."""
-    require(path, stage)
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise corrupt(path, stage, e) from e
-
-
 def read_suite(suite_dir: Path, stage: str = "generate"):
     """The generated suite (envs/runtime.load_suite). When it fails to load, a damaged table or
     JSON file in it is named (CorruptArtifact); any other failure is raised as it was."""
@@ -91,31 +56,6 @@ def read_suite(suite_dir: Path, stage: str = "generate"):
             elif path.suffix == ".json":
                 read_json(path, stage)
         raise
-
-
-@contextlib.contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
-    """Write a stage output into a sibling temp folder, then rename: never a partial output."""
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a killed writer's leftovers
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a killed writer's leftovers
-        stale.unlink(missing_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=float))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- loaded policy

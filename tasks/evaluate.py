@@ -14,22 +14,27 @@ Standalone, over your own folders only (params.yaml's `evaluate` section and sui
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from rollwise import track
 from rollwise.config import EvaluateConfig, Params, ParamsError, load_params
+from rollwise.evaluate.candidates import (
+    PLOTS,
+    ROUND_METRICS,
+    SPEND_PLOTS,
+    Candidate,
+    choose,
+    round_rows,
+    stage_metrics,
+)
 from tasks.common import (
     CorruptArtifact,
     MissingUpstream,
-    atomic_dir,
-    corrupt,
     envs_dir,
     load_checkpoint,
     log,
@@ -38,24 +43,11 @@ from tasks.common import (
     read_json,
     read_suite,
     report_progress,
-    require,
     stage_main,
     stage_of_model,
-    write_json,
 )
 
 CANDIDATES_OUT = Path("data") / "eval_candidates"  # the standalone CLI's default --out
-
-
-@dataclass(frozen=True)
-class Candidate:
-    name: str
-    folder: Path
-    stage: str | None = None  # the stage that writes it; None: a user's own folder
-
-    @property
-    def round(self) -> int | None:
-        return int(self.name.removeprefix("round_")) if self.stage else None
 
 
 def pipeline_candidates(params: Params, root: Path) -> list[Candidate]:
@@ -68,25 +60,6 @@ def pipeline_candidates(params: Params, root: Path) -> list[Candidate]:
 def user_candidates(named: Mapping[str, str], root: Path) -> list[Candidate]:
     """A relative folder is relative to the project root."""
     return [Candidate(n, root / Path(f).expanduser()) for n, f in named.items()]
-
-
-def check_candidates(candidates: list[Candidate]) -> None:
-    """Every folder exists and looks loadable, before any cell runs; else the error names it."""
-    from rollwise.evaluate.folders import NotAModel, check_hf_folder
-
-    for c in candidates:
-        if c.stage:
-            require(c.folder, c.stage)
-        try:
-            check_hf_folder(c.folder)
-        except FileNotFoundError as e:
-            raise MissingUpstream(f"candidate {c.name}: {e} (evaluate.candidates)") from e
-        except NotAModel as e:
-            if c.stage:
-                raise corrupt(c.folder, c.stage, e) from e
-            raise CorruptArtifact(
-                f"candidate {c.name}: {c.folder} is not a loadable Hugging Face model ({e})"
-            ) from e
 
 
 def load_candidate(c: Candidate):
@@ -116,129 +89,22 @@ def run(params: Params, root: Path) -> dict:
     artifacts = ["report.md", "selection.json", *PLOTS, *SPEND_PLOTS, "trajectories"]
     present = [out_dir / a for a in artifacts if (out_dir / a).exists()]
     track.log_artifacts(run_id, present, "eval", root=root)
-    return stage_metrics(chosen, candidates, summary, n_tasks)
+    matrix = pd.read_parquet(out_dir / "matrix.parquet")
+    return stage_metrics(chosen, candidates, summary, n_tasks, matrix)
 
 
 def evaluate_candidates(
     params: Params, root: Path, candidates: list[Candidate], out_dir: Path
 ) -> tuple:
-    """Select among `candidates` on the suite's `evaluate.split` (params `evaluate.method`) and
-    write matrix, summary, selection.json, report.md, plots and the winner's sample trajectories
-    to `out_dir` (atomically). Returns (Selection, summary frame, number of tasks)."""
-    from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize
-    from rollwise.evaluate.halving import HalvingKnobs, select
-    from rollwise.policy.build import load_tokenizer
-    from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.engine import Limits
-
-    cfg = params.evaluate
-    check_candidates(candidates)  # before any cell runs
+    """rollwise.evaluate.candidates.choose on the run's suite, pipeline checkpoints loaded
+    through the stage cache, the rollout spend read from the rollout stages' metrics."""
     suite = read_suite(envs_dir(root))
-    tasks = evaluation_tasks(suite, cfg.split, cfg.max_tasks)
-    limits = Limits(
-        max_turns=cfg.max_turns,
-        max_new_tokens=cfg.max_new_tokens,
-        max_context=params.policy.max_context,
-        greedy=True,
-    )
-    by_name = {c.name: c for c in candidates}
-    by_id = {t.task_id: t for t in tasks}
-    ran: dict[str, list[pd.DataFrame]] = {n: [] for n in by_name}
-    loaded: dict = {}  # the checkpoint in memory: cells run candidate by candidate
-    full_cells = len(by_name) * len(tasks)
+    spend = rollout_spend(root, list(params.rounds))
 
-    def run_cells(name: str, task_ids: list[str]) -> list[float]:
-        if loaded.get("name") != name:
-            model, tokenizer = load_candidate(by_name[name])
-            loaded.update(name=name, backend=HFBackend(model, tokenizer), tokenizer=tokenizer)
-        picked = [by_id[t] for t in task_ids]
-        episodes = evaluate_policy(loaded["backend"], loaded["tokenizer"], suite, picked, limits)
-        ran[name].append(episodes.assign(candidate=name))
-        done = sum(len(e) for v in ran.values() for e in v)
-        report_progress("evaluate", done, full_cells, f"{name}: {len(task_ids)} cells")
-        success = dict(zip(episodes["task_id"], episodes["success"].astype(float), strict=True))
-        return [success[t] for t in task_ids]
+    def progress(done: int, total: int, note: str) -> None:
+        report_progress("evaluate", done, total, note)
 
-    budget = math.ceil(cfg.budget_frac * full_cells)
-    knobs = HalvingKnobs(**cfg.halving.model_dump())
-    chosen = select(cfg.method, list(by_name), list(by_id), run_cells, budget, knobs)
-    episodes_of = {n: pd.concat(ran[n], ignore_index=True) for n in by_name if ran[n]}
-    summary = pd.DataFrame(
-        [
-            {"candidate": n, "round": by_name[n].round, **summarize(e)}
-            for n, e in episodes_of.items()
-        ]
-    ).astype({"round": "Int64"})
-    tokenizer = loaded["tokenizer"]  # the winner's, for its sample trajectories
-    if loaded["name"] != chosen.winner:
-        tokenizer = load_tokenizer(by_name[chosen.winner].folder)
-    write_outputs(out_dir, chosen, summary, episodes_of, list(by_id), root, params, tokenizer)
-    return chosen, summary, len(tasks)
-
-
-def write_outputs(out_dir, chosen, summary, episodes_of, task_ids, root, params, tokenizer):
-    from rollwise.evaluate.report import (
-        COST_LABEL,
-        markdown,
-        plot_candidates,
-        plot_rounds,
-        plot_spend,
-        write_samples,
-    )
-
-    rounds = round_rows(summary)
-    spend = rollout_spend(root, list(params.rounds)) if len(rounds) else None
-    curve = None if spend is None else rounds.merge(spend, on="round")
-    chosen_json = selection(chosen, summary)
-    with atomic_dir(out_dir) as out:
-        cell_matrix(chosen, episodes_of, list(episodes_of), task_ids).to_parquet(
-            out / "matrix.parquet"
-        )
-        summary.to_parquet(out / "summary.parquet")
-        write_json(out / "selection.json", chosen_json)
-        plot_candidates(summary, chosen.winner, out / PLOTS[0])
-        if len(rounds):
-            plot_rounds(rounds, out / PLOTS[1])
-        if curve is not None:
-            plot_spend(curve, "rollouts", "rollouts spent (episodes)", out / SPEND_PLOTS[0])
-            plot_spend(curve, "rollout_tokens", COST_LABEL, out / SPEND_PLOTS[1])
-        elif len(rounds):
-            log("evaluate", "no rollout metrics (data/metrics/rollout@NN.json): no spend plots")
-        samples = write_samples(episodes_of[chosen.winner], tokenizer, out / "trajectories")
-        text = markdown(summary, len(task_ids), curve, samples, chosen_json)
-        (out / "report.md").write_text(text)
-
-
-PLOTS = ("candidates.png", "per_round.png")
-SPEND_PLOTS = ("success_vs_rollouts.png", "success_vs_cost.png")
-ROUND_METRICS = ("success", "success_lo", "success_hi")
-
-
-def round_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """The pipeline's own checkpoints, by round (user candidates have none)."""
-    return summary.dropna(subset=["round"]).astype({"round": int}).sort_values("round")
-
-
-def stage_metrics(chosen, candidates: list[Candidate], summary: pd.DataFrame, n_tasks) -> dict:
-    """What the stage records (DVC metrics file, MLflow): cells spent, the choice, and the warm
-    start's and final round's success when the rounds were evaluated."""
-    winner = {c.name: c for c in candidates}[chosen.winner]
-    metrics = {
-        "tasks": n_tasks,
-        "cells": chosen.cells_used,
-        "cells_full": chosen.cells_full,
-        "cells_fraction": chosen.cells_used / max(chosen.cells_full, 1),
-        "chosen": chosen.winner,
-        "chosen_round": -1 if winner.round is None else winner.round,  # -1: a user's folder
-    }
-    rounds = round_rows(summary)
-    if not len(rounds):
-        return metrics
-    first, last = rounds.iloc[0], rounds.iloc[-1]
-    for key, row in (("warmstart", first), ("final", last)):
-        metrics |= {f"{key}_success{s}": float(row[f"success{s}"]) for s in ("", "_lo", "_hi")}
-        metrics[f"{key}_reward"] = float(row["reward"])
-    return metrics | {"gain_pts": 100 * (last["success"] - first["success"])}
+    return choose(params, suite, candidates, out_dir, load_candidate, spend, progress)
 
 
 def rollout_spend(root: Path, rounds: list[str]) -> pd.DataFrame | None:
@@ -263,43 +129,6 @@ def rollout_spend(root: Path, rounds: list[str]) -> pd.DataFrame | None:
             }
         )
     return pd.DataFrame(rows)
-
-
-MATRIX_COLUMNS = [
-    "candidate",
-    "task_id",
-    "env_id",
-    "success",
-    "reward",
-    "rubric",
-    "termination",
-    "turns",
-    "tool_calls",
-    "generated_tokens",
-]
-
-
-def cell_matrix(chosen, episodes_of: dict, names: list[str], task_ids: list[str]) -> pd.DataFrame:
-    """Every candidate x task cell; `ran` marks the cells executed, `order`/`rung` when and in
-    which rung (0 = warm-up core); cells that did not run have no outcome."""
-    log = pd.DataFrame([(c.candidate, c.item, c.order, c.rung) for c in chosen.cells],
-                       columns=["candidate", "task_id", "order", "rung"])  # fmt: skip
-    grid = pd.MultiIndex.from_product([names, task_ids], names=["candidate", "task_id"])
-    rows = pd.concat(episodes_of.values(), ignore_index=True)[MATRIX_COLUMNS].merge(log)
-    out = grid.to_frame(index=False).merge(rows, how="left", on=["candidate", "task_id"])
-    return out.assign(ran=out["order"].notna())
-
-
-def selection(chosen, summary: pd.DataFrame) -> dict:
-    """The winner with its held-out success and interval (on the cells it ran), the cells spent
-    against full evaluation, and how the choice was made."""
-    best = summary.set_index("candidate").loc[chosen.winner]
-    return {
-        **chosen.summary(),
-        "success": float(best["success"]),
-        "interval": [float(best["success_lo"]), float(best["success_hi"])],
-        "winner_cells": int(best["n"]),
-    }
 
 
 def parse_candidates(items: list[str]) -> dict[str, str]:

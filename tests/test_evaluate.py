@@ -34,10 +34,10 @@ def test_report_has_a_checkpoint_selection_section():
     import numpy as np
     import pandas as pd
 
+    from rollwise.evaluate.candidates import selection
     from rollwise.evaluate.full import wilson
     from rollwise.evaluate.halving import select
     from rollwise.evaluate.report import markdown
-    from tasks.evaluate import selection
     from tests.test_halving import simulate
 
     y = simulate(2, np.linspace(-0.3, 0.3, 8), 300)  # closely matched: several rungs

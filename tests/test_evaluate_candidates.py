@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from rollwise.config import ParamsError, load_params
+from rollwise.evaluate.candidates import check_candidates
 from tasks import evaluate
 from tasks.common import CorruptArtifact, MissingUpstream, envs_dir, read_suite
 from tests.helpers import TINY_POLICY, scripted_policy
@@ -134,7 +135,7 @@ def test_a_truncated_safetensors_is_named_before_and_at_load(project, tmp_path):
     folder = damaged_copy(project["sft"], tmp_path / "cut")
     (cut,) = evaluate.user_candidates({"cut": str(folder)}, project["root"])
     with pytest.raises(CorruptArtifact, match=f"candidate cut: {folder} .*model.safetensors"):
-        evaluate.check_candidates([cut])
+        check_candidates([cut])
     with pytest.raises(CorruptArtifact, match=f"candidate cut: {folder} failed to load"):
         evaluate.load_candidate(cut)
 
@@ -144,9 +145,9 @@ def test_a_damaged_round_checkpoint_names_folder_and_stage(project, tmp_path):
     params = load_params(project["root"] / "params.yaml")
     found = evaluate.pipeline_candidates(params, tmp_path)
     with pytest.raises(MissingUpstream, match="round_00 is missing.*`warmstart`"):
-        evaluate.check_candidates(found)
+        check_candidates(found)
     with pytest.raises(CorruptArtifact, match=f"{folder} is unreadable.*`train@01` stage"):
-        evaluate.check_candidates(found[1:])
+        check_candidates(found[1:])
 
 
 def test_a_truncated_suite_parquet_is_named(project, tmp_path):
