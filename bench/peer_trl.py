@@ -4,7 +4,8 @@ tool mode, the same tiny model, tasks, limits and update shape, both on this mac
 One RL step: `--tasks` tasks x rollout.samples_per_task samples, the multi-turn tool loop with at
 most rollout.max_new_tokens (64) new tokens a turn and rollout.max_turns turns, GRPO advantages
 and the update (train.epochs x train.minibatches optimizer steps, AdamW, clip 0.2/0.28, no KL).
-  rollwise  rollwise_step below: rollout (engine.run_episodes, HFBackend) -> GRPO -> train_round
+  rollwise  rollwise_step below: one round of rollwise.loop.run_round (rollout, curate, credit
+            GRPO, train), the pipeline's own round
   TRL       bench/peer_trl_side.py under a venv of its own (.rollwise/venv-trl, made here when
             missing), so TRL's pins never touch the project's: environment_factory classes whose
             methods call the project's environment runtime, the project's verifier as reward
@@ -36,27 +37,21 @@ import weakref
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.credit import key_of  # noqa: E402
+from bench.common import key_of  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig, apply_overrides, read_raw, validate  # noqa: E402
-from rollwise.credit import ESTIMATORS, trained_reward  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.policy.build import build_model, load_policy, save_policy  # noqa: E402
 from rollwise.policy.chat import prompt_ids  # noqa: E402
-from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
-from rollwise.train.optim import make_optimizer  # noqa: E402
+from rollwise.rollout.engine import clone_env  # noqa: E402
 from rollwise.train.sft import oracle_sequence, oracle_texts, sft  # noqa: E402
-from rollwise.train.trainer import train_round, training_batch  # noqa: E402
 from rollwise.train.warmstart import ERROR_WORDS  # noqa: E402
-from rollwise.types import STEP_COLUMNS  # noqa: E402
 
 TRL_VENV = ROOT / ".rollwise" / "venv-trl"
 TRL_PINS = ["trl==1.16.0", "transformers==5.24.0", "tokenizers==0.23.3"]
@@ -65,7 +60,7 @@ BENCH_OVERRIDES = {"rollout.max_new_tokens": 64, "policy.max_context": 1024}
 SFT_BATCH = 8  # prompts run ~700 tokens (JSON tool lists): a short SFT that still calls tools
 OUT = ROOT / "bench" / "results" / "peer_trl.json"
 MARK = "@peer "  # protocol lines of both sides (bench/peer_trl_side.py writes the same)
-_OPTIMIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its optimizer
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (round, its state)
 
 
 # ------------------------------------------------------------------------------ pure helpers
@@ -158,31 +153,26 @@ def prepare(p, cache: Path, template: str, sft_steps: int) -> tuple[Path, Path]:
 
 # ------------------------------------------------------------------------------ rollwise's side
 def rollwise_step(model, tok, suite, params, task_ids: list[str], seed: int) -> dict:
-    """One rollwise RL step: rollout -> GRPO advantages -> train_round. The optimizer lives
-    across steps with the model. (To be swapped for the library's round function.)"""
-    r = params.rollout
-    g = r.samples_per_task
-    specs = [
-        EpisodeSpec(f"{seed}/{tid}/s{k}", suite.tasks[tid],
-                    clone_env(suite.envs[suite.tasks[tid].env_id]), group=tid, sample=k,
-                    seed=seed * 100000 + k)
-        for tid in task_ids for k in range(g)
-    ]  # fmt: skip
-    limits = Limits(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                    max_context=params.policy.max_context, temperature=r.temperature,
-                    top_p=r.top_p, batch_size=r.batch_size, seed=seed)  # fmt: skip
-    rows, steps = run_episodes(specs, HFBackend(model, tok), tok, limits)
-    episodes = trained_reward(pd.DataFrame(rows).assign(policy_version=0), params.credit.reward)
-    steps = pd.DataFrame(steps, columns=STEP_COLUMNS)
-    adv = ESTIMATORS["grpo"](episodes, steps, params.credit.model_copy(update={"method": "grpo"}))
-    if model not in _OPTIMIZERS:
-        _OPTIMIZERS[model] = make_optimizer(model, params.train)
-    stats = train_round(model, training_batch(episodes, adv), params.train, _OPTIMIZERS[model],
-                        tok.pad_token_id, temperature=r.temperature)  # fmt: skip
-    return {"generated_tokens": int(episodes["generated_tokens"].sum()),
+    """One rollwise RL step: one round of the pipeline (rollwise.loop.run_round: rollout,
+    curate, credit, train) on exactly these tasks (the suite's catalog narrowed to them, so the
+    scheduler plans them all). The round state (optimizer moments included) lives across steps
+    with the model."""
+    import copy
+
+    from rollwise import loop
+
+    narrowed = copy.copy(suite)
+    narrowed.catalog = suite.catalog[suite.catalog["task_id"].isin(task_ids)]
+    r, state = _STATES.get(model, (0, loop.RoundState()))
+    cfg = params.model_copy(update={"schedule": params.schedule.model_copy(
+        update={"tasks_per_round": len(task_ids), "seed": seed})})  # fmt: skip
+    state, done = loop.run_round(cfg, narrowed, model, tok, state, r + 1)
+    _STATES[model] = (r + 1, state)
+    episodes = done.rollout.episodes
+    return {"generated_tokens": int(done.rollout.metrics["generated_tokens"]),
             "tool_calls_per_episode": float(episodes["tool_calls"].mean()),
             "reward": float(episodes["reward"].mean()),
-            "optimizer_steps": stats.get("optimizer_steps", 0.0)}  # fmt: skip
+            "optimizer_steps": done.trained.metrics.get("optimizer_steps", 0.0)}  # fmt: skip
 
 
 def rollwise_side(model_dir: Path, suite_dir: Path, plan: dict, overrides: list[str]) -> None:
