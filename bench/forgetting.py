@@ -11,8 +11,7 @@ same weights and trains on the same sampled episodes (sampled once, before any u
     .venv/bin/python bench/forgetting.py warmstart.steps=800 warmstart.stop_at_success=0.5 \
         train.lr=0.0005 train.kl_coef=0.2 train.minibatches=4 rollout.temperature=0.5 \
         credit.reward=success --warm-start <folder> \
-        --variants base train.adam_eps=0.0001 train.lr=0.0001 train.kl_coef=0.0 \
-        bench.freeze_embeddings=true,train.lr=0.001
+        --variants base train.adam_eps=0.0001 train.lr=0.0001 train.kl_coef=0.0
 """
 
 from __future__ import annotations
@@ -51,11 +50,6 @@ def greedy_by_kind(model, tok, suite, tasks: list, p) -> dict:
     by_kind = episodes.groupby(kinds)["success"].mean()
     return {"success": round(100 * float(episodes["success"].mean()), 1),
             "by_kind": {k: round(100 * float(v), 1) for k, v in by_kind.items()}}  # fmt: skip
-
-
-# A variant key of this bench's own, not a param: the (tied) embeddings stay as they are, to see
-# whether what breaks other kinds is the token table every episode shares.
-FREEZE = "bench.freeze_embeddings"
 
 
 def worst_untrained(before: dict, after: dict, trained: set[str]) -> tuple[str, float]:
@@ -102,12 +96,10 @@ def main() -> None:
     result = {}
     for variant in args.variants:
         extra = {} if variant == "base" else parse(variant.split(","))
-        frozen = bool(extra.pop(FREEZE, False))
         p = validate(apply_overrides(raw, {**overrides, **extra}))
         result[variant] = []
         for order in range(args.orders):  # train.seed + order: the minibatch shuffle
             model, tok = load_policy(folder)
-            model.get_input_embeddings().weight.requires_grad_(not frozen)  # tied: the head too
             cfg = p.train.model_copy(update={"seed": p.train.seed + order})
             optimizer, anchor = make_optimizer(model, cfg), reference_policy(model, cfg)
             stats = train_round(model, items, cfg, optimizer, tok.pad_token_id, anchor,
