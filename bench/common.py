@@ -13,26 +13,19 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rollwise import loop  # noqa: E402
-from rollwise.config import Params, apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.config import (  # noqa: E402, F401  (parse_overrides: the benches' CLI)
+    Params,
+    apply_overrides,
+    parse_overrides,
+    read_raw,
+    validate,
+)
 from rollwise.envs.runtime import Suite, load_suite  # noqa: E402
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """`key=value` strings (values read as YAML) -> {dotted key: value}."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: override {item!r} is not key=value")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def bench_params(overrides: dict, params_file: Path = ROOT / "params.yaml") -> Params:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field
 
 from rollwise.config import ParamsError
@@ -54,14 +53,3 @@ PARAMS_FILE = Field(
     default="params.yaml",
     description="The params file the overrides apply to, relative to the project root.",
 )
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`train.lr=3e-4 rounds=2` -> {"train.lr": 0.0003, "rounds": 2} (values read as YAML)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: override {item!r} is not key=value")
-        out[key] = yaml.safe_load(value)
-    return out

@@ -41,7 +41,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.form import OVERRIDES, PARAMS_FILE, RUN_NAME, choice, form_overrides, parse_overrides
+from flows.form import OVERRIDES, PARAMS_FILE, RUN_NAME, choice, form_overrides
 from flows.stages import evaluate_stage, label, log_progress_to_prefect, run_stages, stage_order
 from flows.summary import summary_table
 from flows.tracking import mlflow_run
@@ -53,7 +53,15 @@ from flows.workspace import (
     commit_run,
     create_worktree,
 )
-from rollwise.config import Params, ParamsError, apply_overrides, dump_for_dvc, read_raw, validate
+from rollwise.config import (
+    Params,
+    ParamsError,
+    apply_overrides,
+    dump_for_dvc,
+    parse_overrides,
+    read_raw,
+    validate,
+)
 from rollwise.credit import ESTIMATORS
 from rollwise.evaluate.candidates import stage_metrics
 from rollwise.schedule import SCHEDULERS
@@ -218,8 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-name")
     parser.add_argument("--params-file", default="params.yaml")
     args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ParamsError as e:
+        raise SystemExit(f"error: {e}") from e
     state = pipeline(
-        overrides=parse_overrides(args.overrides),
+        overrides=overrides,
         run_name=args.run_name,
         params_file=args.params_file,
         return_state=True,

@@ -504,6 +504,18 @@ def section_type(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`train.lr=3e-4 rounds=2` -> {"train.lr": 0.0003, "rounds": 2} (values read as YAML);
+    the command lines of the flow and the benches share it."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ParamsError(f"override {item!r} is not key=value")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Set dotted keys (`train.lr`); the key path must exist. `rounds` also takes a count, and
     the rounds mapping is rebuilt for it or for an overridden `rollout.policy_lag`."""
