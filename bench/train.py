@@ -18,7 +18,6 @@ import resource
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.provenance import STARTED_AT  # noqa: E402
-from rollwise.config import PolicyConfig, TrainConfig, apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.config import PolicyConfig, TrainConfig  # noqa: E402
 from rollwise.policy.build import build_model, train_tokenizer  # noqa: E402
 from rollwise.train.loss import token_logprobs  # noqa: E402
 from rollwise.train.optim import make_optimizer  # noqa: E402
@@ -89,22 +88,29 @@ def relative_change(start, model) -> float:
 
 
 def heldout_adamw_vs_muon(rounds: int, cache: Path) -> dict:
-    """Both optimizers from one warm start, `rounds` RL rounds each, held-out greedy success."""
-    from bench.rl_probe import heldout, rl_round, warm_start
+    """Both optimizers from one warm start, `rounds` rounds of the pipeline each (an arm is
+    `train.optimizer`, run through loop.run_rounds), held-out greedy success."""
+    from bench.common import arm_params, bench_params, suite_at, warm_start_folder
+    from bench.rl_probe import heldout
+    from rollwise import loop
+    from rollwise.policy.build import load_policy
 
-    p = validate(apply_overrides(read_raw(ROOT / "params.yaml"), HELDOUT_CONFIG))
+    p = bench_params({**HELDOUT_CONFIG, "rounds": rounds})
     cache.mkdir(parents=True, exist_ok=True)
-    suite, start, tok = warm_start(p, cache)
+    suite, _ = suite_at(cache, p.envs)
+    start, tok = load_policy(warm_start_folder(p, suite, cache))
     before = heldout(start, tok, suite, p)
     out: dict = {"config": HELDOUT_CONFIG, "rl_rounds": rounds, "heldout_tasks": before["n"],
                  "warm_start_success": before["success"]}  # fmt: skip
     for name in ("adamw", "muon"):
-        probe_args = SimpleNamespace(reward="rubric", negative_scale=1.0)  # its own step count
-        model = copy.deepcopy(start)
-        q = p.model_copy(update={"train": p.train.model_copy(update={"optimizer": name})})
-        torch.manual_seed(0)
-        opt = make_optimizer(model, q.train)
-        log = [rl_round(r, model, tok, suite, q, opt, probe_args) for r in range(1, rounds + 1)]
+        q = arm_params(p, {"train.optimizer": name})
+        log: list[dict] = []
+
+        def on_round(r: int, done: loop.Round, log=log) -> None:
+            log.append({"sample_success": done.rollout.metrics["success_rate"]})
+
+        t0 = time.perf_counter()
+        model, _ = loop.run_rounds(q, suite, copy.deepcopy(start), tok, rounds, on_round=on_round)
         after = heldout(model, tok, suite, q)
         out[name] = {
             "lr": q.train.muon_lr if name == "muon" else q.train.lr,
@@ -113,7 +119,7 @@ def heldout_adamw_vs_muon(rounds: int, cache: Path) -> dict:
             "gain_pts": 100 * (after["success"] - before["success"]),
             "sample_success_by_round": [row["sample_success"] for row in log],
             "weight_change_rel": relative_change(start, model),
-            "train_s": sum(row["train_s"] for row in log),
+            "rounds_s": time.perf_counter() - t0,
         }
         print(name, json.dumps(out[name]), flush=True)
     return out
