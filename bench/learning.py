@@ -113,8 +113,9 @@ def scores(episodes: pd.DataFrame, unseen: set[str]) -> dict:
             "seen_success": float(episodes.loc[~new, "success"].mean())}  # fmt: skip
 
 
-def run_seed(seed: int, p, suite, args) -> dict:
-    """The warm start of `seed`, then its RL rounds, held-out success along the way."""
+def run_seed(seed: int, p, suite, args, save=None) -> dict:
+    """The warm start of `seed`, then its RL rounds, held-out success along the way; `save(run)`
+    after every evaluation writes the partial run (a long run stopped early keeps its curve)."""
     t0 = time.perf_counter()
     cfg = arm_params(p, {**seeded(seed), "warmstart.seed": seed, "rounds": args.rounds})
     folder = warm_start_folder(cfg, suite, args.cache)
@@ -138,19 +139,23 @@ def run_seed(seed: int, p, suite, args) -> dict:
         if r % args.eval_every == 0 or r == args.rounds:
             ep = heldout(done.trained.model, tok, suite, cfg, args.eval_tasks)
             curve.append({"round": r, **scores(ep, unseen), "wall_s": time.perf_counter() - t0})
+            print(json.dumps({"seed": seed, **curve[-1]}), flush=True)
             curve[-1]["episodes"] = ep
-            print(json.dumps({"seed": seed, **{k: v for k, v in curve[-1].items()
-                                               if k != "episodes"}}), flush=True)  # fmt: skip
+            if save is not None:
+                save(finished(seed, start, ep, curve, rounds, unseen, warm_s, t0, partial=True))
 
     loop.run_rounds(cfg, suite, model, tok, args.rounds, on_round=on_round)
-    end = curve[-1].pop("episodes")
-    for c in curve:
-        c.pop("episodes", None)
-    gain = paired_gain(start, end)
+    return finished(seed, start, curve[-1]["episodes"], curve, rounds, unseen, warm_s, t0)
+
+
+def finished(seed, start, end, curve, rounds, unseen, warm_s, t0, partial=False) -> dict:
+    """A seed's figures from its start and latest evaluation (`partial`: rounds remain)."""
     new = start["env_id"].isin(unseen)
-    unseen_gain = paired_gain(start[new], end[end["env_id"].isin(unseen)])
-    return {"seed": seed, "warmstart_success": curve[0]["success"], "heldout": gain,
-            "unseen": unseen_gain, "curve": curve, "rounds": rounds,
+    return {"seed": seed, "partial": partial, "warmstart_success": curve[0]["success"],
+            "heldout": paired_gain(start, end),
+            "unseen": paired_gain(start[new], end[end["env_id"].isin(unseen)]),
+            "curve": [{k: v for k, v in c.items() if k != "episodes"} for c in curve],
+            "rounds": list(rounds),
             "worst_round_drop_pts": max(0.0, 100 * max(curve[0]["success"] - c["success"]
                                                        for c in curve)),
             "warm_start_s": warm_s, "wall_s": time.perf_counter() - t0}  # fmt: skip
@@ -166,6 +171,7 @@ def summarize(runs: list[dict], args, overrides: dict) -> dict:
         "heldout_gain_pts_median": med([r["heldout"]["gain_pts"] for r in runs]),
         "unseen_gain_pts_median": med([r["unseen"]["gain_pts"] for r in runs]),
         "every_seed_interval_excludes_0": all(r["heldout"]["lo"] > 0 for r in runs),
+        "partial": any(r["partial"] for r in runs),
         "worst_round_drop_pts": max(r["worst_round_drop_pts"] for r in runs),
         "wall_s_per_seed": med([r["wall_s"] for r in runs]),
         "rl_vs_oracle_control_ratio": None,  # --control not run: see the issue note
@@ -217,14 +223,19 @@ def main() -> None:
     p = bench_params(overrides)
     args.cache.mkdir(parents=True, exist_ok=True)
     suite, _ = suite_at(args.cache, p.envs)
-    runs = []
-    for seed in args.seeds:  # each seed's figures are written as they land
-        runs.append(run_seed(seed, p, suite, args))
-        result = summarize(runs, args, overrides)
+    runs: list[dict] = []
+
+    def write(latest: dict | None = None) -> dict:
+        result = summarize([*runs, *([latest] if latest else [])], args, overrides)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         plot(result, args.out.with_suffix(".png"))
         result["plot"] = os.path.relpath(args.out.with_suffix(".png"), ROOT)
         args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+        return result
+
+    for seed in args.seeds:  # each seed's figures are written as they land, rounds too
+        runs.append(run_seed(seed, p, suite, args, save=write))
+        result = write()
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, default=float))
 
 
