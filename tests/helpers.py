@@ -123,3 +123,41 @@ def write_train_inputs(root: Path, r: str, items: list[dict]) -> None:
         folder = root / "data" / kind / f"round_{r}"
         folder.mkdir(parents=True, exist_ok=True)
         frame.to_parquet(folder / f"{name}.parquet")
+
+
+def assert_bench_arm_matches(root: Path, rounds: tuple[str, ...] | list[str]) -> None:
+    """A pipeline run's folder (dvc repro's or a flow run's worktree) against rollwise.loop's
+    in-memory rounds (what every bench arm runs) from its round_00 with its params.yaml: the
+    same episodes, advantages and checkpoint weights, round by round."""
+    import pandas as pd
+    import torch
+    from safetensors.torch import load_file
+
+    from rollwise import loop
+    from rollwise.config import load_params
+    from rollwise.envs.runtime import load_suite
+    from rollwise.policy.build import load_policy
+
+    params = load_params(root / "params.yaml")
+    model, tok = load_policy(root / "models" / "round_00")
+    seen: dict[str, tuple] = {}
+
+    def on_round(r: int, done) -> None:
+        weights = {k: v.detach().clone() for k, v in done.trained.model.state_dict().items()}
+        seen[f"{r:02d}"] = (done.rollout.episodes, done.credited.advantages, weights)
+
+    suite = load_suite(root / "data" / "envs")
+    loop.run_rounds(params, suite, model, tok, params.n_rounds, on_round=on_round)
+    for r in rounds:
+        episodes, advantages, weights = seen[r]
+        disk = pd.read_parquet(root / "data" / "rollouts" / f"round_{r}" / "episodes.parquet")
+        assert list(episodes["episode_id"]) == list(disk["episode_id"]), r
+        assert [list(t) for t in episodes["token_ids"]] == [list(t) for t in disk["token_ids"]]
+        assert list(episodes["reward"]) == list(disk["reward"]), r
+        adv = pd.read_parquet(root / "data" / "advantages" / f"round_{r}" / "advantages.parquet")
+        pd.testing.assert_frame_equal(
+            advantages.reset_index(drop=True)[["episode_id", "step", "advantage"]],
+            adv[["episode_id", "step", "advantage"]],
+        )
+        saved = load_file(root / "models" / f"round_{r}" / "model.safetensors")
+        assert saved and all(torch.equal(saved[k], weights[k]) for k in saved), r

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -243,33 +242,7 @@ def test_a_bench_arm_of_the_same_params_runs_the_same_rounds(pipeline):
     """rollwise.loop.run_rounds in this process (what every bench arm runs) from the pipeline's
     round_00, with its params, gives the episodes, advantages and checkpoint weights that
     `dvc repro` wrote stage by stage: the benches measure the pipeline, not a copy of it."""
-    from safetensors.torch import load_file
-
-    from rollwise import loop
-    from rollwise.envs.runtime import load_suite
-    from rollwise.policy.build import load_policy
+    from tests.helpers import assert_bench_arm_matches
 
     root, _, _ = pipeline
-    params = load_params(root / "params.yaml")
-    model, tok = load_policy(root / "models" / "round_00")
-    seen: dict[str, tuple] = {}
-
-    def on_round(r: int, done: loop.Round) -> None:
-        weights = {k: v.detach().clone() for k, v in done.trained.model.state_dict().items()}
-        seen[f"{r:02d}"] = (done.rollout.episodes, done.credited.advantages, weights)
-
-    suite = load_suite(root / "data" / "envs")
-    loop.run_rounds(params, suite, model, tok, params.n_rounds, on_round=on_round)
-    for r in ROUNDS:
-        episodes, advantages, weights = seen[r]
-        disk = pd.read_parquet(root / "data" / "rollouts" / f"round_{r}" / "episodes.parquet")
-        assert list(episodes["episode_id"]) == list(disk["episode_id"])
-        assert [list(t) for t in episodes["token_ids"]] == [list(t) for t in disk["token_ids"]]
-        assert list(episodes["reward"]) == list(disk["reward"])
-        adv = pd.read_parquet(root / "data" / "advantages" / f"round_{r}" / "advantages.parquet")
-        pd.testing.assert_frame_equal(
-            advantages.reset_index(drop=True)[["episode_id", "step", "advantage"]],
-            adv[["episode_id", "step", "advantage"]],
-        )
-        saved = load_file(root / "models" / f"round_{r}" / "model.safetensors")
-        assert saved and all(torch.equal(saved[k], weights[k]) for k in saved), r
+    assert_bench_arm_matches(root, ROUNDS)

@@ -25,6 +25,7 @@ import yaml
 
 from rollwise.credit import ESTIMATORS
 from tests import servers
+from tests.helpers import assert_bench_arm_matches
 
 pytestmark = pytest.mark.e2e
 
@@ -278,6 +279,9 @@ def test_two_ui_runs_at_once(project: Path, prefect_server: str, mlflow_server: 
         committed = subprocess.run(["git", "status", "--porcelain"], cwd=work,
                                    capture_output=True, text=True)  # fmt: skip
         assert committed.stdout == ""  # params.yaml and dvc.lock are on the run's branch
+    # The flow ran the same stages as dvc repro (tests/e2e/test_dvc_pipeline.py checks that one
+    # the same way): a bench arm of the run's params gives the run's episodes, advantages, weights.
+    assert_bench_arm_matches(project / ".rollwise" / "runs" / first, rounds)
 
 
 def test_bad_override_fails_the_run_at_once(prefect_server: str, monkeypatch):
