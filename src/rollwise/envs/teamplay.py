@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollwise.envs.team import (
+    CONDITIONS,
     Brief,
     Fact,
     Setup,
@@ -167,33 +168,47 @@ def heard(view: View) -> set[Fact]:
 
 
 def round_metrics(episodes: list[TeamEpisode]) -> dict:
-    """Success per condition (%), the two gaps (points), and the disclosure, use and
-    failure-to-use rates over the multi-participant conditions."""
-    by = {
-        c: [e for e in episodes if e.setup.condition == c] for c in ("single", "split", "retrieval")
-    }
-    success = {
-        c: 100.0 * sum(e.success for e in eps) / len(eps) if eps else None for c, eps in by.items()
-    }
+    """Success per condition (%), the two gaps (points), and over the multi-participant
+    conditions: the disclosure rate (pivotal facts a non-decider held privately that reached
+    the channel), the use rate (decisions the decider's facts, own and received, leave
+    possible) and the failure-to-use rate (wrong decisions among episodes whose decider's facts
+    determined the right one)."""
+    by = {c: [e for e in episodes if e.setup.condition == c] for c in CONDITIONS}
+    success = {c: pct([e.success for e in eps]) for c, eps in by.items()}
     team = by["split"] + by["retrieval"]
-    held = [(e, f) for e in team for p, h in enumerate(e.setup.holdings) if p != e.setup.decider
-            for f in h & set(e.task.pivotal)]  # fmt: skip
-    told = sum(f in e.channel_facts() for e, f in held)
-    use = [
-        posterior(e.task.candidates, e.task.rule, e.decider_facts())[e.decision] > 0 for e in team
-    ]
-    enough = [
-        e
-        for e in team
-        if determined(e.task.candidates, e.task.rule, e.decider_facts()) == e.task.decision
-    ]
-    gap = lambda a, b: None if success[a] is None or success[b] is None else success[a] - success[b]  # noqa: E731
+    use = [posterior(e.task.candidates, e.task.rule, e.decider_facts())[e.decision] > 0
+           for e in team]  # fmt: skip
+    enough = [e for e in team if decided(e) == e.task.decision]
     return {
         "success_pct": success,
-        "communication_gap_pts": gap("single", "split"),
-        "retrieval_gap_pts": gap("split", "retrieval"),
-        "disclosure_rate": told / len(held) if held else None,
-        "use_rate": sum(use) / len(use) if use else None,
-        "failure_to_use_rate": sum(not e.success for e in enough) / len(enough) if enough else None,
+        "communication_gap_pts": gap(success["single"], success["split"]),
+        "retrieval_gap_pts": gap(success["split"], success["retrieval"]),
+        "disclosure_rate": share(told(team)),
+        "disclosure_rate_by_condition": {c: share(told(by[c])) for c in ("split", "retrieval")},
+        "use_rate": share(use),
+        "failure_to_use_rate": share([not e.success for e in enough]),
         "episodes": {c: len(eps) for c, eps in by.items()},
     }
+
+
+def told(episodes: list[TeamEpisode]) -> list[bool]:
+    """For each pivotal fact a non-decider held privately: did it reach the channel?"""
+    return [f in e.channel_facts() for e in episodes
+            for p, hand in enumerate(e.setup.holdings) if p != e.setup.decider
+            for f in hand & set(e.task.pivotal)]  # fmt: skip
+
+
+def decided(e: TeamEpisode) -> int | None:
+    return determined(e.task.candidates, e.task.rule, e.decider_facts())
+
+
+def share(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
+def pct(flags: list[bool]) -> float | None:
+    return None if not flags else 100.0 * sum(flags) / len(flags)
+
+
+def gap(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
