@@ -253,6 +253,12 @@ class IAPOConfig(Section):
     floor: float = Field(0.25, ge=0, le=1)  # routing weight of an action off the route
 
 
+class CosirConfig(Section):
+    """CoSIR (credit/cosir.py): a team message's advantage adds weight x its surprisal drop."""
+
+    weight: float = Field(1.0, ge=0)  # per bit of surprisal of the correct decision removed
+
+
 class SpoCreditConfig(Section):
     """The per-task Beta tracker of spo and spo_pp (data/advantages/round_NN/tracker.parquet)."""
 
@@ -271,7 +277,7 @@ class SpoCreditConfig(Section):
 
 
 class CreditConfig(Section):
-    method: Literal["grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp"] = "grpo"
+    method: Literal["grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp", "cosir"] = "grpo"
     reward: Literal["rubric", "success"] = "rubric"  # what the estimator sees as the reward
     std_norm: bool = True  # False gives Dr.GRPO's unscaled advantages (grpo, iapo)
     eps: float = Field(1e-6, gt=0)
@@ -279,6 +285,7 @@ class CreditConfig(Section):
     concal: ConCalConfig = ConCalConfig()
     iapo: IAPOConfig = IAPOConfig()
     spo: SpoCreditConfig = SpoCreditConfig()  # spo and spo_pp
+    cosir: CosirConfig = CosirConfig()  # team episodes (envs/teamplay.py); off unless method
 
 
 class LoraConfig(Section):

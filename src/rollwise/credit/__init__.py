@@ -12,6 +12,7 @@ at the same budget: README "Where it stands")."""
 import pandas as pd
 
 from rollwise.credit.concal import concal
+from rollwise.credit.cosir import cosir
 from rollwise.credit.gigpo import gigpo
 from rollwise.credit.grpo import grpo
 from rollwise.credit.iapo import iapo
@@ -38,4 +39,5 @@ ESTIMATORS = {
     "iapo": iapo,
     "spo": spo,
     "spo_pp": spo_pp,
+    "cosir": cosir,  # team episodes only (credit/cosir.py)
 }
