@@ -441,13 +441,32 @@ def toy_policy() -> np.ndarray:
     return p
 
 
+TOKEN_METHODS = {"opd", "opdvr", "farca"}  # read the columns credit/signals.py attaches
+
+
+def with_token_inputs(episodes: pd.DataFrame) -> pd.DataFrame:
+    """Token ids, the rollout's and a teacher's log-probs, and one fact per episode on its first
+    turn's first token: what credit/signals.py would attach."""
+    n = [int(spans[-1][1]) for spans in episodes["turn_spans"]]
+    first = [int(spans[0][0]) for spans in episodes["turn_spans"]]
+    facts = [[{"span_start": s, "span_end": s + 1, "supported": True, "reliability": 1.0}]
+             for s in first]  # fmt: skip
+    return episodes.assign(
+        token_ids=[list(range(k)) for k in n], loss_mask=[[1] * k for k in n],
+        logprobs=[[-1.0] * k for k in n], teacher_logprobs=[[-0.5] * k for k in n], facts=facts,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("method", sorted(ESTIMATORS))
 def test_every_estimator_has_the_one_signature(method: str):
     fn = ESTIMATORS[method]
     assert list(inspect.signature(fn).parameters) == ["episodes", "steps", "cfg"]
     _, episodes, steps = toy_batch()
+    if method in TOKEN_METHODS:
+        episodes = with_token_inputs(episodes)
     adv = fn(episodes, steps, cfg(method=method))
-    assert list(adv.columns) == ADVANTAGE_COLUMNS
+    extra = ["token_advantage"] if method in TOKEN_METHODS else []
+    assert list(adv.columns) == ADVANTAGE_COLUMNS + extra
     spans = [(e, k, s, t) for e, sp in zip(episodes["episode_id"], episodes["turn_spans"],
                                            strict=True) for k, (s, t) in enumerate(sp)]  # fmt: skip
     assert [tuple(r) for r in adv[["episode_id", "step", "span_start", "span_end"]].to_numpy()] \

@@ -276,8 +276,33 @@ class SpoCreditConfig(Section):
         return v
 
 
+BaseEstimator = Literal["grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp"]
+
+
+class OPDConfig(Section):
+    """opd / opdvr (credit/opd.py): the teacher's per-token log-ratio on the student's sampled
+    tokens, added to `base`'s advantages with no mixing weight."""
+
+    teacher: str | None = None  # a policy folder (a stronger checkpoint, same tokenizer)
+    base: BaseEstimator = "grpo"  # the estimator whose advantages the token term joins
+
+
+class FactsConfig(Section):
+    """farca (credit/facts.py): a check of each value the policy asserts, on that value's tokens,
+    weighted by its reliability (counterfactual evidence attribution)."""
+
+    base: BaseEstimator | Literal["opd", "opdvr"] = "grpo"
+    coef: float = Field(0.5, ge=0)  # size of a fully reliable judgment's per-token signal
+    weighted: bool = True  # false: every judgment counts fully (the unweighted baseline)
+    trials: int = Field(4, ge=1)  # re-checks per side of the counterfactual
+    flip_rate: float = Field(0.0, ge=0, le=0.5)  # noisy checker: each check's verdict flips
+    seed: int = 0
+
+
 class CreditConfig(Section):
-    method: Literal["grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp", "cosir"] = "grpo"
+    method: Literal[
+        "grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp", "opd", "opdvr", "farca", "cosir"
+    ] = "grpo"
     reward: Literal["rubric", "success"] = "rubric"  # what the estimator sees as the reward
     std_norm: bool = True  # False gives Dr.GRPO's unscaled advantages (grpo, iapo)
     eps: float = Field(1e-6, gt=0)
@@ -286,6 +311,8 @@ class CreditConfig(Section):
     iapo: IAPOConfig = IAPOConfig()
     spo: SpoCreditConfig = SpoCreditConfig()  # spo and spo_pp
     cosir: CosirConfig = CosirConfig()  # team episodes (envs/teamplay.py); off unless method
+    opd: OPDConfig = OPDConfig()  # opd, opdvr (and farca over them)
+    facts: FactsConfig = FactsConfig()  # farca
 
 
 class LoraConfig(Section):

@@ -277,18 +277,24 @@ class Credited:
 
 def credit(
     params: Params, episodes: pd.DataFrame, steps: pd.DataFrame, decisions: pd.DataFrame,
-    state: RoundState,
+    state: RoundState, tokenizer=None,
 ) -> Credited:  # fmt: skip
     """Advantages of the training batch (`episodes`: kept_episodes), each scaled by its curator
     weight; the tracker is updated whatever the method, so a later switch to spo starts warm.
-    Replayed positives do not update it: their outcome was counted when they were sampled."""
+    Replayed positives do not update it: their outcome was counted when they were sampled.
+    Token-level methods get their inputs first (credit/signals.py; farca needs `tokenizer`)."""
     from rollwise.credit import ESTIMATORS, trained_reward
+    from rollwise.credit.signals import attach_token_inputs
+    from rollwise.credit.tokens import token_term_metrics
     from rollwise.credit.tracker import attach, next_tracker
     from rollwise.curate.filters import weighted_advantages
     from rollwise.curate.success_bank import REPLAY_PREFIX
 
     cfg = params.credit
     episodes = attach(trained_reward(episodes, cfg.reward), state.tracker, state.drift)
+    episodes, signal_metrics = attach_token_inputs(
+        cfg, episodes, steps, tokenizer, params.rollout.temperature
+    )
     replayed = episodes["episode_id"].str.startswith(REPLAY_PREFIX)
     advantages = weighted_advantages(ESTIMATORS[cfg.method](episodes, steps, cfg), decisions)
     tracker = next_tracker(episodes[~replayed].reset_index(drop=True), state.tracker, cfg)
@@ -297,6 +303,8 @@ def credit(
         "tracker_tasks": len(tracker),
         "replayed_positives": int(replayed.sum()),
         "down_weighted": int((decisions["kept"] & (decisions["weight"] < 1)).sum()),
+        **token_term_metrics(advantages),
+        **signal_metrics,
     }
     return Credited(advantages, tracker, metrics)
 
@@ -439,7 +447,7 @@ def run_round(
     cu = curate(params, suite, ro.episodes, ro.steps, state, r)
     batch = kept_episodes(ro.episodes, cu.decisions, cu.positives)
     steps = with_positive_steps(ro.steps, cu.positives)
-    cr = credit(params, batch, steps, cu.decisions, state)
+    cr = credit(params, batch, steps, cu.decisions, state, tokenizer)
     guard, start_best = None, state.guard
     if params.train.guard.tasks:
         checked = guard_suite or suite

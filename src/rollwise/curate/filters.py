@@ -63,10 +63,16 @@ def decide(attributions: pd.DataFrame, cfg) -> pd.DataFrame:
 
 
 def weighted_advantages(advantages: pd.DataFrame, decisions: pd.DataFrame) -> pd.DataFrame:
-    """Advantages scaled by their episode's decision weight (`action: weight`); episodes
-    without a decision keep theirs."""
-    weight = advantages["episode_id"].map(decisions.set_index("episode_id")["weight"])
-    return advantages.assign(advantage=advantages["advantage"] * weight.fillna(1.0))
+    """Advantages scaled by their episode's decision weight (`action: weight`), token-level
+    terms (`token_advantage`) too; episodes without a decision keep theirs."""
+    weight = advantages["episode_id"].map(decisions.set_index("episode_id")["weight"]).fillna(1.0)
+    out = advantages.assign(advantage=advantages["advantage"] * weight)
+    if "token_advantage" in out:
+        out["token_advantage"] = [
+            None if t is None else [float(x) * w for x in t]
+            for t, w in zip(out["token_advantage"], weight, strict=True)
+        ]
+    return out
 
 
 def quarantine(

@@ -139,6 +139,30 @@ class HFBackend:
         picked = torch.stack(sampler.logps, dim=1).cpu()  # [B, N]
         return [self._cut(new[i].tolist(), picked[i].tolist()) for i in range(len(prompts))]
 
+    @torch.no_grad()
+    def score(
+        self, sequences: list[list[int]], temperature: float = 1.0, batch_size: int = 8
+    ) -> list[list[float]]:
+        """Log-prob of each token of each sequence given the tokens before it under
+        softmax(logits / T) (0.0 for the first token): a teacher scoring a student's sampled
+        tokens, aligned like the rollout's log-probs."""
+        out = []
+        for lo in range(0, len(sequences), batch_size):
+            part = sequences[lo : lo + batch_size]
+            width = max(map(len, part))
+            ids = torch.full((len(part), width), self.pad_id, dtype=torch.long)  # [B, T]
+            attention = torch.zeros_like(ids)  # [B, T]
+            for i, seq in enumerate(part):
+                ids[i, : len(seq)] = torch.tensor(seq)
+                attention[i, : len(seq)] = 1
+            ids, attention = ids.to(self.model.device), attention.to(self.model.device)
+            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B,T-1,V]
+            logits = logits.float() / temperature  # [B, T-1, V]
+            picked = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, T-1]
+            logp = (picked - logits.logsumexp(dim=-1)).cpu()  # [B, T-1]
+            out += [[0.0] + logp[i, : len(seq) - 1].tolist() for i, seq in enumerate(part)]
+        return out
+
     def _cut(self, ids: list[int], logps: list[float]) -> Completion:
         if self.stop_id in ids:
             n = ids.index(self.stop_id) + 1

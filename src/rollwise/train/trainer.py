@@ -29,14 +29,21 @@ log = logging.getLogger(__name__)
 
 
 def token_advantages(episodes: pd.DataFrame, advantages: pd.DataFrame) -> list[list[float]]:
-    """Spread each (episode, turn) advantage over that turn's token span; zero elsewhere."""
+    """Spread each (episode, turn) advantage over that turn's token span; zero elsewhere. A row's
+    optional `token_advantage` (one value per token of its span: credit/tokens.py) is added on
+    top, so a token-level term (OPD, fact checks) reaches the loss."""
+    if "token_advantage" not in advantages:
+        advantages = advantages.assign(token_advantage=None)
     by_episode = {ep: g for ep, g in advantages.groupby("episode_id")}
+    columns = ["span_start", "span_end", "advantage", "token_advantage"]
     out = []
     for ep, ids in zip(episodes["episode_id"], episodes["token_ids"], strict=True):
         adv = np.zeros(len(ids), dtype=np.float32)
         turns = by_episode.get(ep, advantages.iloc[:0])  # no turns taken: no advantage rows
-        for s, e, a in turns[["span_start", "span_end", "advantage"]].to_numpy():
+        for s, e, a, extra in turns[columns].itertuples(index=False):
             adv[int(s) : int(e)] = a
+            if extra is not None:
+                adv[int(s) : int(e)] += np.asarray(extra, dtype=np.float32)
         out.append(adv.tolist())
     return out
 
