@@ -11,12 +11,7 @@ Induction (`induce`) abstracts a recorded trajectory: a value an earlier result 
 "from" slot (support-use), any other value a skill argument named after the call's argument.
 So a skill never stores the ids of the episode it came from, only where they were read.
 
-Pathways (`from_success_bank`): every entry of the curator's success bank induces a skill; a
-success of a task that failed in an earlier round (a repaired failure) is marked "repair".
-Evidence per skill is per policy version (invocations, successes). `review` demotes a skill
-whose decayed success rate falls below `demote_below` and retires it below `retire_below`, or
-when it has gone unused for `idle_rounds` rounds; retired is final. Mode "append" (the variant
-for comparison) only ever adds. The bank is one table (SKILL_COLUMNS), written per round.
+The bank as a table, its evidence and its review live in memory/bank.py.
 """
 
 from __future__ import annotations
@@ -29,10 +24,7 @@ from dataclasses import dataclass
 from rollwise.envs.schema import check_arguments
 from rollwise.types import Observation, ToolCall, ToolSpec
 
-SKILL_PREFIX = "skill_"
-SKILL_COLUMNS = ["skill_id", "env_id", "name", "params", "steps", "pathway", "source_episode",
-                 "round", "status", "evidence", "last_used"]  # fmt: skip
-STATUSES = ("active", "demoted", "retired")
+SKILL_PREFIX = "run_"  # a skill tool is run_<its tools>_<n> (words a whole-word vocabulary has)
 Expansion = Generator[ToolCall, Observation, Observation]  # yields calls, returns what is shown
 
 
@@ -64,7 +56,7 @@ class Skill:
     @property
     def name(self) -> str:
         tools = "_".join(dict.fromkeys(s["tool"] for s in self.steps))
-        return f"{SKILL_PREFIX}{tools}_{self.skill_id[:4]}"
+        return f"{SKILL_PREFIX}{tools}_{int(self.skill_id, 16) % 1000}"
 
     def spec(self) -> ToolSpec:
         """The skill as a tool the policy may call."""

@@ -2,7 +2,7 @@
 
 The state is folded from the recorded steps (call, observation), never written by the model:
   found    every id-like field (`id`, `*_id`) an ok result held, its distinct values in order
-  done     the calls that succeeded, as `tool(arg=value, ...)` (sub-goals done)
+  done     the calls that succeeded, as `tool(arg:value, ...)` (sub-goals done)
   failed   the latest failed calls and their errors (at most MAX_FAILED)
   needed   the id arguments of tools not yet called successfully that no result has held yet
            (values still needed)
@@ -46,7 +46,7 @@ def ids_in(value) -> list[tuple[str, object]]:
 
 def call_text(call: ToolCall) -> str:
     args = call.arguments if isinstance(call.arguments, dict) else {}
-    return f"{call.name}({', '.join(f'{k}={v}' for k, v in args.items())})"
+    return f"{call.name}({', '.join(f'{k}:{v}' for k, v in args.items())})"
 
 
 def fold(state: Progress, call: ToolCall, obs: Observation, tools: list[ToolSpec]) -> Progress:
