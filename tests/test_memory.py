@@ -86,6 +86,9 @@ def test_the_success_bank_induces_skills_and_marks_repairs(world):
     table = skill_bank.induced(banked, history, 2)
     assert table["pathway"].tolist() == ["repair"] and table["status"].tolist() == ["active"]
     assert skill_bank.skill_of(table.iloc[0].to_dict()).steps[0]["tool"] == task.oracle[0].name
+    twice = pd.concat([table, table.assign(round=3)], ignore_index=True)  # one skill, two rows
+    assert skill_bank.add(skill_bank.empty(), twice)["round"].tolist() == [2]
+    assert skill_bank.add(table, twice.assign(round=4))["round"].tolist() == [2]  # kept as was
 
 
 def test_a_skills_expansion_equals_the_steps_it_abstracts(world):

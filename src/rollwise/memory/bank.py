@@ -73,7 +73,7 @@ def induced(success_bank: pd.DataFrame, history: pd.DataFrame | None, r: int) ->
 
 def add(bank: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     """The bank with the skills it lacks appended; a known skill keeps its row (and status)."""
-    fresh = new[~new["skill_id"].isin(set(bank["skill_id"]))]
+    fresh = new[~new["skill_id"].isin(set(bank["skill_id"]))].drop_duplicates("skill_id")
     parts = [p for p in (bank, fresh) if len(p)]
     return pd.concat(parts, ignore_index=True)[SKILL_COLUMNS] if parts else empty()
 
