@@ -13,6 +13,13 @@ passing without it; callers go through the module function `next_turn`, whose de
 method) is None: the conversation ends at the first answer, as before. One optional attribute:
 `oracle_errors_ok = True` lets generation keep a task whose oracle makes calls the environment
 answers with an error (BFCL's ground truth may; its verdict checks those errors).
+
+Two more optional methods, for memory across episodes (rollwise/memory/): `expand(call)` returns
+None for a plain call, or a generator that yields the real calls a composite call (a skill)
+stands for, is sent each one's observation, and returns the observation the policy sees; the
+engine runs each real call as its own recorded step (`expansion`). `progress()` returns a
+compact progress note the engine renders after each turn's observations (`progress_note`).
+Without them (the default) nothing changes.
 """
 
 from __future__ import annotations
@@ -69,3 +76,17 @@ def next_turn(env: Environment, answer: str | None) -> list[dict] | None:
     without `next_turn`."""
     method = getattr(env, "next_turn", None)
     return method(answer) if callable(method) else None
+
+
+def expansion(env: Environment, call: ToolCall):
+    """The real calls `call` expands into (a generator, see the module docstring), or None for
+    a plain call and for an environment without `expand`."""
+    method = getattr(env, "expand", None)
+    return method(call) if callable(method) else None
+
+
+def progress_note(env: Environment) -> list[Observation]:
+    """The environment's progress note after a turn, as one more observation ([] for none)."""
+    method = getattr(env, "progress", None)
+    note = method() if callable(method) else None
+    return [Observation(note)] if note else []

@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from rollwise.envs.protocol import next_turn
+from rollwise.envs.protocol import expansion, next_turn, progress_note
 from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids, user_text
 from rollwise.types import Observation, Task, ToolCall
 
@@ -183,10 +183,10 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
             args = (e.spec.env, action.calls, limits.tool_timeout_s, e.hung)
             pending.append((e, span, pool.submit(execute, *args)))
     for e, span, future in pending:  # each bounded by its own per-call deadlines
-        results, e.hung = future.result()
+        results, shown, e.hung = future.result()
         for call, obs, before, after in results:
             record_step(e, call, obs, before, after, span)
-        observe(e, [r[1] for r in results], tokenizer, limits)
+        observe(e, shown, tokenizer, limits)
 
 
 def env_error(message: str) -> Observation:
@@ -195,29 +195,57 @@ def env_error(message: str) -> Observation:
 
 def execute(
     env, calls: list[ToolCall], timeout_s: float, hung: threading.Thread | None = None
-) -> tuple[list[tuple], threading.Thread | None]:
+) -> tuple[list[tuple], list[Observation], threading.Thread | None]:
     """Run one episode's calls in order (they may depend on each other's state), each with its
-    own deadline; returns ((call, observation, state before, state after) per call, the call
-    left running if one overran). A call that overruns becomes an env_error observation and the
-    calls after it are not run: they would race it for the state. Likewise while an earlier
-    turn's overrunning call is still running."""
+    own deadline; returns ((call, observation, state before, state after) per call run, the
+    observation shown to the policy per call, the call left running if one overran). A call
+    the environment expands (a skill, protocol.expansion) runs as its real calls, each one
+    such step; the policy sees the expansion's own result. A call that overruns becomes an
+    env_error observation and the calls after it are not run: they would race it for the
+    state. Likewise while an earlier turn's overrunning call is still running."""
     if hung is not None:
         hung.join(timeout_s)
         if hung.is_alive():
             busy = env_error("busy: an earlier call has not returned")
-            return [(c, busy, "unavailable", "unavailable") for c in calls], hung
-    out, before = [], safe_fingerprint(env)
+            return (
+                [(c, busy, "unavailable", "unavailable") for c in calls],
+                [busy] * len(calls),
+                hung,
+            )
+    out, shown, before = [], [], safe_fingerprint(env)
     for i, call in enumerate(calls):
-        obs, running = timed_step(env, call, timeout_s)
-        if running is not None:
-            skipped = env_error("not run: an earlier call in this turn timed out")
-            out.append((call, obs, before, "unavailable"))
-            out += [(c, skipped, "unavailable", "unavailable") for c in calls[i + 1 :]]
-            return out, running
-        after = safe_fingerprint(env)  # also the next call's "before": hashed once
-        out.append((call, obs, before, after))
-        before = after
-    return out, None
+        plan = safe_expansion(env, call) or single(call)
+        try:
+            real = next(plan)
+            while True:
+                obs, running = timed_step(env, real, timeout_s)
+                if running is not None:
+                    plan.close()
+                    skipped = env_error("not run: an earlier call in this turn timed out")
+                    out.append((real, obs, before, "unavailable"))
+                    out += [(c, skipped, "unavailable", "unavailable") for c in calls[i + 1 :]]
+                    return out, shown + [obs] + [skipped] * len(calls[i + 1 :]), running
+                after = safe_fingerprint(env)  # also the next call's "before": hashed once
+                out.append((real, obs, before, after))
+                before = after
+                real = plan.send(obs)
+        except StopIteration as stop:
+            shown.append(stop.value)
+        except Exception as exc:  # an expansion that raises: an observation, like a tool
+            shown.append(env_error(type(exc).__name__))
+    return out, shown, None
+
+
+def single(call: ToolCall):
+    """A plain call as an expansion of itself: the policy sees its own observation."""
+    return (yield call)
+
+
+def safe_expansion(env, call: ToolCall):
+    try:
+        return expansion(env, call)
+    except Exception:  # a user environment that raises: the call runs plainly
+        return None
 
 
 def timed_step(
@@ -269,7 +297,9 @@ def record_step(e: Live, call: ToolCall, obs: Observation, before: str, after: s
 
 
 def observe(e: Live, observations: list[Observation], tokenizer, limits: Limits) -> None:
-    append(e, encode(tokenizer, observation_text(tokenizer, observations)), limits)
+    """The turn's observations, then the environment's progress note if it keeps one."""
+    shown = observations + progress_note(e.spec.env)
+    append(e, encode(tokenizer, observation_text(tokenizer, shown)), limits)
 
 
 def user_turn(e: Live, tokenizer, limits: Limits) -> None:
