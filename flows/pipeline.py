@@ -61,6 +61,7 @@ from rollwise.config import (
     parse_overrides,
     read_raw,
     validate,
+    write_rounds_file,
 )
 from rollwise.credit import ESTIMATORS
 from rollwise.evaluate.candidates import stage_metrics
@@ -105,6 +106,7 @@ def experiment(
     """The run's worktree with its DVC stages and MLflow run; commits the worktree at the end
     (also after a failure: the finished stages are recorded, a rerun of the name resumes)."""
     root = create_worktree(ROOT, name, params_text(raw, overrides, base))
+    write_rounds_file(root, params)  # what the worktree's dvc.yaml loops over
     stages = DvcStages(root)
     PROGRESS_SINKS.append(log_progress_to_prefect)
     try:

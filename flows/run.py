@@ -14,7 +14,7 @@ from pathlib import Path
 from flows.lockfile import repair
 from flows.summary import NEXT_STEPS, summary_table
 from rollwise import track
-from rollwise.config import ParamsError, load_params
+from rollwise.config import ParamsError, load_params, write_rounds_file
 
 
 def main(root: Path = Path(".")) -> int:
@@ -23,6 +23,7 @@ def main(root: Path = Path(".")) -> int:
     except ParamsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    write_rounds_file(root, params)  # dvc.yaml loops over it: in step with params.yaml's rounds
     if (kept := repair(root)) is not None:  # a crash cut dvc.lock short: keep the whole records
         print(f"dvc.lock was cut short by a crash: kept {len(kept)} stage records")
     run_id = track.open_run(root, params.model_dump(), run_name="dvc-repro")

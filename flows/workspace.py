@@ -26,10 +26,12 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from rollwise.config import ROUNDS_FILE
+
 RUNS_DIR = Path(".rollwise") / "runs"
 BRANCH_PREFIX = "rollwise-runs/"
 # Files that belong to the run, not to the code copied from the workspace.
-RUN_OWNED = {"params.yaml", "dvc.lock"}
+RUN_OWNED = {"params.yaml", ROUNDS_FILE, "dvc.lock"}
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "rollwise",
     "GIT_AUTHOR_EMAIL": "rollwise@localhost",

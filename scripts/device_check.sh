@@ -60,7 +60,9 @@ rollout: {backend: vllm, samples_per_task: 8, temperature: 1.0, max_turns: 4,
 credit: {method: grpo}
 train: {lr: 0.0001, epochs: 1, micro_batch: 16, bf16: true, world_size: $NGPU, seed: 0}
 evaluate: {split: heldout, max_tasks: 24, max_turns: 4, max_new_tokens: 96}
-rounds: {"01": {start: "00", policy: "00"}, "02": {start: "01", policy: "01"}}
+curate: {demonstrations: false}
+seed: 0
+rounds: 2
 EOF
 (cd "$WORK/project" && printf '__pycache__/\nmlflow.db\nmlruns/\n.rollwise/\n' >.gitignore &&
   git init -q && "$REPO/.venv/bin/dvc" init -q &&

@@ -22,7 +22,7 @@ from rollwise.artifacts import (  # noqa: F401  (the stages' and tests' names fo
     require,
     write_json,
 )
-from rollwise.config import Params, ParamsError, load_params
+from rollwise.config import Params, ParamsError, check_rounds_file, load_params
 
 
 def envs_dir(root: Path) -> Path:
@@ -168,6 +168,7 @@ def stage_main(stage: str, run, with_round: bool = False) -> None:
     args = parser.parse_args()
     try:
         params = load_params(args.root / "params.yaml")
+        check_rounds_file(args.root, params)  # what `dvc repro` planned is what params say
     except ParamsError as e:
         sys.exit(f"error: {e}")
     # torch reads this when first imported; one thread unless told otherwise (stack-notes.md:

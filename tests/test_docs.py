@@ -75,9 +75,20 @@ def check_command(words: list[str]) -> list[str]:
             missing.append(f"script {args[0]}")
     if prog.startswith(".venv/bin/") and Path(prog).name not in {"python", "dvc", "rollwise"}:
         missing.append(f"executable {prog}")
-    if prog.endswith("rollwise") and args and args[:1] != ["compare"]:  # bare: the name
+    if prog.endswith("rollwise") and args and args[0] not in ("compare", "params"):  # bare: name
         missing.append(f"rollwise subcommand {args[:1]}")
     return missing
+
+
+def test_params_reference_is_current():
+    """docs/params.md is `rollwise params --markdown` of src/rollwise/config.py, and it justifies
+    no default by a results file (that narrative lives in docs/experiments/)."""
+    from rollwise.params_cmd import MARKDOWN_COMMAND, markdown
+
+    text = markdown()
+    assert (REPO / "docs" / "params.md").read_text() == text, f"stale: run `{MARKDOWN_COMMAND}`"
+    assert "results" not in text and "README" not in text
+    assert "| `train.lr` | `0.0001` |" in text and "| `envs.faults.seed` | `0` |" in text
 
 
 def test_readme_is_at_most_12_kb():

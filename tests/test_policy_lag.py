@@ -15,7 +15,14 @@ import pytest
 import torch
 import yaml
 
-from rollwise.config import PolicyConfig, TrainConfig, apply_overrides, read_raw
+from rollwise.config import (
+    PolicyConfig,
+    TrainConfig,
+    apply_overrides,
+    read_raw,
+    validate,
+    write_rounds_file,
+)
 from rollwise.train.optim import make_optimizer
 from rollwise.train.trainer import policy_logprobs, train_round
 
@@ -36,6 +43,7 @@ def lagged_stages(tmp_path_factory: pytest.TempPathFactory):
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     raw = apply_overrides(read_raw(REPO / "params.yaml"), LAG)
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    write_rounds_file(root, validate(raw))  # what dvc.yaml loops over
     subprocess.run([DVC, "init", "-q", "--no-scm"], cwd=root, check=True, capture_output=True)
     stages = DvcStages(root)
     yield stages

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rollwise import compare
+from rollwise import compare, params_cmd
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +20,16 @@ def main(argv: list[str] | None = None) -> int:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
+    params_cmd.add_arguments(
+        commands.add_parser(
+            "params",
+            help="the resolved configuration, or the reference of every key",
+            description=params_cmd.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     args = parser.parse_args(argv)
-    return compare.run(args)
+    return {"compare": compare.run, "params": params_cmd.run}[args.command](args)
 
 
 if __name__ == "__main__":

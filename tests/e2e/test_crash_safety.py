@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from flows.lockfile import repair
+from rollwise.config import load_params
 from tests.e2e.test_dvc_pipeline import BIN, copy_project, run
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +35,7 @@ TIMING = re.compile(r"(^|_)(wall|seconds)(_s)?$|_s$")  # columns/keys that are c
 
 def outs_of(root: Path) -> dict[str, Path]:
     """Each stage's output folder (dvc.yaml's `outs`) by stage name, in DAG order."""
-    rounds = yaml.safe_load((root / "params.yaml").read_text())["rounds"]
+    rounds = load_params(root / "params.yaml").rounds
     outs = {"generate": root / "data/envs", "warmstart": root / "models/round_00"}
     for r in rounds:
         outs[f"rollout@{r}"] = root / f"data/rollouts/round_{r}"

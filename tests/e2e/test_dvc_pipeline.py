@@ -17,7 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from rollwise import track
-from rollwise.config import load_params
+from rollwise.config import load_params, write_rounds_file
 from rollwise.types import ADVANTAGE_COLUMNS, DECISION_COLUMNS, EPISODE_COLUMNS, STEP_COLUMNS
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +50,7 @@ def copy_project(dst: Path) -> None:
         shutil.copytree(REPO / name, dst / name, ignore=ignore)
     shutil.copy(REPO / "dvc.yaml", dst / "dvc.yaml")
     shutil.copy(REPO / "tests" / "e2e" / "micro_params.yaml", dst / "params.yaml")
+    write_rounds_file(dst, load_params(dst / "params.yaml"))  # what dvc.yaml loops over
     (dst / ".gitignore").write_text("__pycache__/\nmlflow.db\nmlruns/\n.rollwise/\n")
 
 

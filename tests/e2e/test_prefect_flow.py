@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from rollwise.config import load_params
 from rollwise.credit import ESTIMATORS
 from tests import servers
 from tests.helpers import assert_bench_arm_matches
@@ -189,7 +190,7 @@ def stage_outcomes(logs: str, stages: list[str]) -> dict[str, str]:
 def test_two_ui_runs_at_once(project: Path, prefect_server: str, mlflow_server: str):
     from mlflow.tracking import MlflowClient
 
-    rounds = list(yaml.safe_load(MICRO.read_text())["rounds"])
+    rounds = list(load_params(MICRO).rounds)
     stages = expected_task_runs(rounds)
     params_before = (project / "params.yaml").read_bytes()
     triggers = {  # one through the free-form mapping, one through the typed form field
@@ -353,7 +354,7 @@ def test_lagged_rollout_overlaps_training(
     monkeypatch.setattr(pipeline_module, "ROOT", project)
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    rounds = list(yaml.safe_load(MICRO.read_text())["rounds"])
+    rounds = list(load_params(MICRO).rounds)
     lag = {"rollout.policy_lag": 1, "train.tis_cap": 2.0}
     t0 = time.monotonic()
     with temporary_settings({PREFECT_API_URL: prefect_server}):
@@ -387,7 +388,8 @@ def test_lagged_rollout_overlaps_training(
         shutil.copytree(project / folder, serial / folder)
     for name in ("dvc.yaml", ".gitignore"):
         shutil.copy(project / name, serial / name)
-    shutil.copy(work / "params.yaml", serial / "params.yaml")  # the flow's, overrides applied
+    for name in ("params.yaml", "rounds.yaml"):  # the flow's, overrides applied
+        shutil.copy(work / name, serial / name)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, **GIT_ENV, "DVC_NO_ANALYTICS": "1", "OMP_NUM_THREADS": "1",
            "MLFLOW_TRACKING_URI": f"sqlite:///{serial / 'mlflow.db'}", "PATH": path}  # fmt: skip
