@@ -191,6 +191,17 @@ class CostConfig(Section):
     per_verifier_call: float = Field(0.001, ge=0)
 
 
+class SandboxConfig(Section):
+    """What one code action may spend in the sandbox (rollwise/sandbox; SandboxLimits)."""
+
+    cpu_s: float = Field(5.0, gt=0)  # CPU seconds (the kernel kills past it)
+    wall_s: float = Field(20.0, gt=0)  # wall seconds, its tool calls included
+    memory_mb: int = Field(512, ge=64)  # the child's address space
+    output_chars: int = Field(2000, ge=16)  # the observation; printing past 4x this stops it
+    file_mb: int = Field(1, ge=0)  # largest file in its private temp folder
+    max_calls: int = Field(64, ge=1)  # tool calls per code action
+
+
 class RolloutConfig(Section):
     samples_per_task: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
@@ -210,6 +221,10 @@ class RolloutConfig(Section):
     # so rollout@r+1 runs while train@r trains (the Prefect flow overlaps them); train.tis_cap
     # corrects the one-version lag. The lag lives in `rounds` (rounds_dict), hence in dvc.yaml.
     policy_lag: Literal[0, 1] = 0
+    # direct: tools called as <tool_call> JSON turns; code: a ```python block per turn, run in
+    # the sandbox with the tools as functions (policy/chat.py, rollout/code.py). Same verifier.
+    action_mode: Literal["direct", "code"] = "direct"
+    sandbox: SandboxConfig = SandboxConfig()
 
 
 class CurateConfig(Section):
