@@ -294,6 +294,19 @@ class CostConfig(Section):
     per_verifier_call: float = Field(0.001, ge=0, description="Per verifier call.")
 
 
+class SandboxConfig(Section):
+    """What one code action may spend in the sandbox (rollwise/sandbox; SandboxLimits)."""
+
+    cpu_s: float = Field(5.0, gt=0, description="CPU seconds (the kernel kills past it).")
+    wall_s: float = Field(20.0, gt=0, description="Wall seconds, its tool calls included.")
+    memory_mb: int = Field(512, ge=64, description="The child process's address space.")
+    output_chars: int = Field(
+        2000, ge=16, description="The observation's length; printing past 4x this stops it."
+    )
+    file_mb: int = Field(1, ge=0, description="Largest file in its private temp folder.")
+    max_calls: int = Field(64, ge=1, description="Tool calls per code action.")
+
+
 class RolloutConfig(Section):
     """Sampling episodes with the current policy (rollout/)."""
 
@@ -335,6 +348,15 @@ class RolloutConfig(Section):
         0,
         description="0: rollout@r samples with round r-1's checkpoint (synchronous). 1: with round "
         "max(r-2, 0), so the flow overlaps rollout@r+1 with train@r; needs train.tis_cap.",
+    )
+    action_mode: Literal["direct", "code"] = Field(
+        "direct",
+        description="direct: tools called as <tool_call> JSON turns; code: a fenced python block "
+        "per turn, run in the sandbox with the tools as functions (policy/chat.py, "
+        "rollout/code.py); the same verifier. Source: programmatic tool calling (ProgAgent).",
+    )
+    sandbox: SandboxConfig = Field(
+        SandboxConfig(), description="What one code action may spend (action_mode: code)."
     )
 
 

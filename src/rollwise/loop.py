@@ -491,6 +491,7 @@ def run_rounds(
 def limits_of(params: Params, r: int):
     """The rollout's sampling limits for round r (its seed: schedule.seed * 1000 + r)."""
     from rollwise.rollout.engine import Limits
+    from rollwise.sandbox import SandboxLimits
 
     cfg = params.rollout
     return Limits(
@@ -502,6 +503,8 @@ def limits_of(params: Params, r: int):
         tool_timeout_s=cfg.tool_timeout_s,
         batch_size=cfg.batch_size,
         seed=params.schedule.seed * 1000 + r,
+        action_mode=cfg.action_mode,
+        sandbox=SandboxLimits(**cfg.sandbox.model_dump()),
     )
 
 

@@ -13,6 +13,18 @@ from rollwise.types import Observation, ToolCall, ToolSpec
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 MAX_CALLS_PER_TURN = 8
+# Code actions (rollout.action_mode: code): one fenced block of Python per turn, run in the
+# sandbox (rollwise/sandbox), never here. The tools are functions of the block; a turn without
+# a block is the answer. The block's text is data to this process: a regex finds it, nothing
+# parses or runs it here.
+CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+CODE_FORMAT = (
+    "To act, reply with one block of Python:\n```python\n<code>\n```\n"
+    "The tools are Python functions (arguments by name or in the order listed) returning the "
+    "parsed result; a failed call raises ToolError. Keep intermediate results in variables: "
+    "only what the code prints and the value of its last expression come back. Variables do "
+    "not survive between blocks. Reply without a block to give the final answer. Functions:"
+)
 
 
 @dataclass
@@ -22,6 +34,7 @@ class Action:
     calls: list[ToolCall] = field(default_factory=list)
     answer: str | None = None
     error: str | None = None
+    code: str | None = None  # a code action's Python source (action_mode: code)
 
 
 def parse_action(text: str, eos: str = "<|im_end|>") -> Action:
@@ -49,6 +62,38 @@ def parse_action(text: str, eos: str = "<|im_end|>") -> Action:
             return Action(error="malformed tool call: arguments must be an object")
         calls.append(ToolCall(obj["name"], args))
     return Action(calls=calls)
+
+
+def parse_code_action(text: str, eos: str = "<|im_end|>") -> Action:
+    """A code-mode assistant turn: one ```python block (code), or none (the answer)."""
+    text = text.replace(eos, "")
+    blocks = CODE_BLOCK.findall(text)
+    if not blocks:
+        if "```" in text:
+            return Action(error="malformed code action: unbalanced ``` fence")
+        if "<tool_call>" in text:
+            return Action(error="in code mode, call tools as functions inside a ```python block")
+        return Action(answer=text.strip())
+    if len(blocks) > 1:
+        return Action(error=f"one code block per turn, not {len(blocks)}")
+    return Action(code=blocks[0])
+
+
+def code_messages(messages: list[dict], tools: list[ToolSpec]) -> list[dict]:
+    """The opening messages of a code-mode episode: the code format and the tools as Python
+    signatures appended to the system message (the chat template then gets no `tools=`, so
+    no tool-call instructions contradict it)."""
+    listing = "\n".join(f"{t.name}({', '.join(t.parameters.get('properties', {}))})"
+                        for t in tools)  # fmt: skip
+    note = f"{CODE_FORMAT}\n{listing}"
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
+
+
+def code_action_text(code: str, eos: str = "<|im_end|>") -> str:
+    """An oracle code-mode turn in the exact format the policy is to emit."""
+    return f"```python\n{code}\n```{eos}"
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[ToolSpec]) -> list[int]:

@@ -37,7 +37,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rollwise.envs.protocol import expansion, next_turn, progress_note
-from rollwise.policy.chat import encode, observation_text, parse_action, prompt_ids, user_text
+from rollwise.policy.chat import (
+    code_messages,
+    encode,
+    observation_text,
+    parse_action,
+    parse_code_action,
+    prompt_ids,
+    user_text,
+)
+from rollwise.rollout.code import execute_code
+from rollwise.sandbox import SandboxLimits
 from rollwise.types import Observation, Task, ToolCall
 
 
@@ -52,6 +62,10 @@ class Limits:
     tool_timeout_s: float = 5.0  # per call
     batch_size: int = 256
     seed: int = 0
+    action_mode: str = (
+        "direct"  # direct: <tool_call> turns; code: ```python turns (rollout/code.py)
+    )
+    sandbox: SandboxLimits = SandboxLimits()  # what one code action may spend
 
 
 @dataclass
@@ -97,7 +111,7 @@ TOOL_WORKERS = 32  # episodes whose calls run at once; mostly waiting (I/O, time
 def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -> tuple[list, list]:
     """Roll out every spec to an answer or a limit; returns (episode rows, step rows)."""
     with ThreadPoolExecutor(max_workers=TOOL_WORKERS) as pool:
-        live = [start(s, tokenizer) for s in specs]
+        live = [start(s, tokenizer, limits.action_mode == "code") for s in specs]
         for _ in range(limits.max_turns):
             active = [e for e in live if e.termination is None]
             active = [e for e in active if fits(e, limits)]
@@ -111,11 +125,13 @@ def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -
         return [finish(e, limits) for e in live], [s for e in live for s in e.steps]
 
 
-def start(spec: EpisodeSpec, tokenizer) -> Live:
+def start(spec: EpisodeSpec, tokenizer, code: bool = False) -> Live:
     e = Live(spec, t0=time.perf_counter())
     try:
-        messages = spec.env.reset(spec.task, spec.seed)
-        e.extend(prompt_ids(tokenizer, messages, spec.env.tools()), None, policy=False)
+        messages, tools = spec.env.reset(spec.task, spec.seed), spec.env.tools()
+        if code:  # the tools are listed as functions of the code instead
+            messages, tools = code_messages(messages, tools), []
+        e.extend(prompt_ids(tokenizer, messages, tools), None, policy=False)
     except Exception as exc:  # a user environment that raises costs this episode only
         e.answer = f"reset failed: {type(exc).__name__}"
         e.env_errors += 1
@@ -171,7 +187,8 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
         if not stopped:  # cut by its room: the context's if that was the tighter limit
             e.end("context" if len(e.ids) >= limits.max_context else "max_tokens")
             continue
-        action = parse_action(tokenizer.decode(ids, skip_special_tokens=False), tokenizer.eos_token)
+        parse = parse_code_action if limits.action_mode == "code" else parse_action
+        action = parse(tokenizer.decode(ids, skip_special_tokens=False), tokenizer.eos_token)
         if action.answer is not None:
             e.answer = action.answer
             user_turn(e, tokenizer, limits)
@@ -179,13 +196,18 @@ def advance(chunk: list[Live], backend, tokenizer, limits: Limits, pool) -> None
             e.tool_errors += 1
             error = Observation(json.dumps({"error": action.error}), "tool_error")
             observe(e, [error], tokenizer, limits)
+        elif action.code is not None:
+            args = (e.spec.env, action.code, limits, e.hung)
+            pending.append((e, span, True, pool.submit(execute_code, *args)))
         else:
             args = (e.spec.env, action.calls, limits.tool_timeout_s, e.hung)
-            pending.append((e, span, pool.submit(execute, *args)))
-    for e, span, future in pending:  # each bounded by its own per-call deadlines
-        results, shown, e.hung = future.result()
+            pending.append((e, span, False, pool.submit(execute, *args)))
+    for e, span, code, future in pending:  # each bounded by its own per-call deadlines
+        results, shown, e.hung = future.result()  # shown: what the policy reads
         for call, obs, before, after in results:
             record_step(e, call, obs, before, after, span)
+        if code:  # a code action's one observation: its error is the policy's tool error
+            e.tool_errors += sum(o.kind == "tool_error" for o in shown)
         observe(e, shown, tokenizer, limits)
 
 
