@@ -30,15 +30,6 @@ from flows.summary import read_metrics, stage_walls  # noqa: E402
 from rollwise.config import dump_for_dvc, load_params  # noqa: E402
 from rollwise.evaluate.report import paired_gain  # noqa: E402
 
-SEEDED = [
-    "envs.seed",
-    "policy.seed",
-    "warmstart.seed",
-    "schedule.seed",
-    "rollout.seed",
-    "train.seed",
-]
-
 
 def project_copy(dest: Path, seed: int) -> Path:
     """A fresh project folder (its own git + DVC) with every seed set to `seed`."""
@@ -48,9 +39,7 @@ def project_copy(dest: Path, seed: int) -> Path:
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "dvc.yaml", dest)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for dotted in SEEDED:
-        section, key = dotted.split(".")
-        params[section][key] = seed
+    params["seed"] = seed  # every stage's seed derives from it (params.yaml sets none of its own)
     (dest / "params.yaml").write_text(dump_for_dvc(params))
     bin_dir = Path(sys.executable).parent
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
