@@ -19,19 +19,29 @@ from tasks.common import (
     CREDIT_STATE,
     atomic_dir,
     log,
+    model_dir,
+    require,
     round_batch,
     round_dir,
     round_state,
     stage_main,
+    stage_of_model,
     with_train_drift,
     write_json,
 )
 
 
 def run(params: Params, root: Path, r: str) -> dict:
+    from rollwise.credit.signals import methods_used
+    from rollwise.policy.build import load_tokenizer
+
     episodes, steps, decisions = round_batch(root, r)
-    state = with_train_drift(params, root, r, round_state(root, params.rounds[r].start, "credit"))
-    done = loop.credit(params, episodes, steps, decisions, state)
+    start = params.rounds[r].start
+    state = with_train_drift(params, root, r, round_state(root, start, "credit"))
+    tokenizer = None
+    if "farca" in methods_used(params.credit):  # values localized to tokens: the policy's own
+        tokenizer = load_tokenizer(require(model_dir(root, start), stage_of_model(start)))
+    done = loop.credit(params, episodes, steps, decisions, state, tokenizer)
     with atomic_dir(round_dir(root, "advantages", r)) as out:
         done.advantages.to_parquet(out / "advantages.parquet")
         write_json(out / CREDIT_STATE, to_json(done.tracker, state.drift, int(r)))

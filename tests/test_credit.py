@@ -691,3 +691,33 @@ def test_value_report_on_exact_and_reversed_estimates():
     assert flat["pairs"] > 0
     noisy = value_report(turns, gigpo(episodes, steps, cfg())["advantage"].to_numpy(), q)
     assert 0.0 < noisy["value_error"] < 1.0 and noisy["kendall_tau"] > 0.0
+
+
+def test_the_credit_stage_hands_farca_the_policy_tokenizer(tmp_path: Path, monkeypatch):
+    """credit.method farca localizes values to tokens: the stage loads round_00's tokenizer
+    for it (and only for it), and a missing checkpoint names the stage that writes it."""
+    from rollwise import loop
+    from rollwise.policy.build import train_tokenizer
+    from tasks import credit
+    from tasks.warmstart import initial_states
+
+    chain = ToyChain(toy_policy(), max_turns=6)
+    episodes, steps = chain.sample([("t0", 3)], 2, seed=0, version=0)
+    write_round(tmp_path, "01", episodes.drop(columns="length"), steps)
+    initial_states(tmp_path)
+    seen = []
+    real = loop.credit
+
+    def spy(params, episodes, steps, decisions, state, tokenizer=None):
+        seen.append(tokenizer)
+        return real(params.model_copy(update={"credit": params.credit.model_copy(
+            update={"method": "grpo"})}), episodes, steps, decisions, state)  # fmt: skip
+
+    monkeypatch.setattr(loop, "credit", spy)
+    params = validate({"credit": {"method": "farca"}, "rounds": 1})
+    with pytest.raises(MissingUpstream, match="round_00.*`warmstart`"):
+        credit.run(params, tmp_path, "01")
+    train_tokenizer(["a call"]).save_pretrained(tmp_path / "models" / "round_00")
+    credit.run(params, tmp_path, "01")
+    credit.run(validate({"rounds": 1}), tmp_path, "01")
+    assert seen[0] is not None and seen[1] is None
