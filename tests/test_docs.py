@@ -81,7 +81,7 @@ def check_command(words: list[str]) -> list[str]:
 
 
 def test_params_reference_is_current():
-    """docs/params.md is `rollwise params --markdown` of src/rollwise/config.py, and it justifies
+    """docs/params.md is `rollwise params --markdown` of src/rollwise/config/, and it justifies
     no default by a results file (that narrative lives in docs/experiments/)."""
     from rollwise.params_cmd import MARKDOWN_COMMAND, markdown
 

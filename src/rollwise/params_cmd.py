@@ -89,11 +89,11 @@ def shown(value: Any) -> str:
 
 def markdown() -> str:
     """The reference of every key: per section its docstring and a table of key, default, what
-    it does (the Field descriptions of src/rollwise/config.py)."""
+    it does (the Field descriptions of src/rollwise/config/)."""
     out = [
         "# Parameters",
         "",
-        f"Generated from src/rollwise/config.py by `{MARKDOWN_COMMAND}`; do not edit by hand",
+        f"Generated from src/rollwise/config/ by `{MARKDOWN_COMMAND}`; do not edit by hand",
         "(tests/test_docs.py fails when it is stale). params.yaml writes only the keys this",
         "project sets and the ones a user changes first; every other key takes the default here.",
         "`rollwise params [KEY]` prints the resolved configuration.",
