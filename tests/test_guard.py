@@ -101,7 +101,8 @@ def test_an_undone_update_leaves_the_start_weights_and_snapshot(after, undone):
 @pytest.fixture(scope="module")
 def memorized(tmp_path_factory) -> tuple[Path, Params]:
     """A one-environment suite and a tiny policy SFT'd on its three train tasks until it solves
-    some of them (a real policy with validation success above zero, in a few seconds). The stop
+    some of them by reading the record (grounded success: 150 steps answered from memory, with no
+    call, which no longer counts) (a real policy with validation success above zero, in a few seconds). The stop
     rule is set but never checked: it puts the validation suite's words in the tokenizer."""
     from rollwise.envs.generate import generate_suite
     from rollwise.envs.runtime import load_suite
@@ -110,7 +111,7 @@ def memorized(tmp_path_factory) -> tuple[Path, Params]:
 
     root = tmp_path_factory.mktemp("guarded")
     params = validate({"envs": TINY_SUITE, "policy": TINY_POLICY,
-                       "warmstart": {"steps": 150, "batch_size": 6, "optimizer": "muon",
+                       "warmstart": {"steps": 400, "batch_size": 6, "optimizer": "muon",
                                      "stop_at_success": 0.99, "check_every": 10**6},
                        "rounds": {"01": {"start": "00", "rollout_round": "00"},
                                   "02": {"start": "01", "rollout_round": "01"}}})  # fmt: skip
