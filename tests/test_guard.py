@@ -101,9 +101,9 @@ def test_an_undone_update_leaves_the_start_weights_and_snapshot(after, undone):
 @pytest.fixture(scope="module")
 def memorized(tmp_path_factory) -> tuple[Path, Params]:
     """A one-environment suite and a tiny policy SFT'd on its three train tasks until it solves
-    some of them by reading the record (grounded success: 150 steps answered from memory, with no
-    call, which no longer counts) (a real policy with validation success above zero, in a few seconds). The stop
-    rule is set but never checked: it puts the validation suite's words in the tokenizer."""
+    them by reading the record (a real policy with validation success above zero, in seconds; at
+    150 steps it answered from memory with no call, which grounded success does not count). The
+    stop rule is set but never checked: it puts the validation suite's words in the tokenizer."""
     from rollwise.envs.generate import generate_suite
     from rollwise.envs.runtime import load_suite
     from rollwise.policy.build import save_policy
