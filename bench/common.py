@@ -118,3 +118,28 @@ def reference_policy(model, cfg):
     import copy
 
     return copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
+
+
+class ScriptedBackend:
+    """A scripted policy behind the policy backend contract: turn k of an episode is its
+    script's k-th turn (the script found by the task prompt), cut to the token room like a
+    model's. `cut_is_stop`: a cut turn still counts as ended (else the engine ends the episode
+    on max_tokens, as it would a model's)."""
+
+    def __init__(self, tok, scripts: dict[str, list[str]], cut_is_stop: bool = False):
+        self.tok, self.scripts, self.cut_is_stop = tok, scripts, cut_is_stop
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None,
+                 top_p=1.0):  # fmt: skip
+        from rollwise.policy.chat import encode
+        from rollwise.policy.hf import Completion
+
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            script = next(v for k, v in self.scripts.items() if f"user\n{k}<|im_end|>" in text)
+            ids = encode(self.tok, script[text.count("<|im_start|>assistant") - 1])
+            kept = ids[:max_new_tokens]
+            stopped = self.cut_is_stop or len(ids) <= max_new_tokens
+            out.append(Completion(kept, [0.0] * len(kept), stopped=stopped))
+        return out

@@ -29,14 +29,14 @@ import pandas as pd  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import ScriptedBackend  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.memory import bank, wrap  # noqa: E402
 from rollwise.memory.skills import SkillConfig, induce  # noqa: E402
-from rollwise.policy.chat import action_text, encode  # noqa: E402
-from rollwise.policy.hf import Completion  # noqa: E402
+from rollwise.policy.chat import action_text  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
 from rollwise.types import ToolCall  # noqa: E402
@@ -45,24 +45,6 @@ ARMS = {"none": (False, False), "working": (False, True), "skills": (True, False
         "both": (True, True)}  # fmt: skip
 ENVS = EnvsConfig(seed=0, n_envs=4, tasks_per_env=60, owners_per_env=6, max_records=3,
                   heldout_envs=0)  # fmt: skip
-
-
-class Scripted:
-    """A backend that plays each episode's script: turn k of the task found in the prompt."""
-
-    def __init__(self, tok, scripts: dict[str, list[str]]):
-        self.tok, self.scripts = tok, scripts
-
-    def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None,
-                 top_p=1.0):  # fmt: skip
-        out = []
-        for p in prompts:
-            text = self.tok.decode(p)
-            turns = next(v for k, v in self.scripts.items() if f"user\n{k}<|im_end|>" in text)
-            ids = encode(self.tok, turns[text.count("<|im_start|>assistant") - 1])
-            out.append(Completion(ids[:max_new_tokens], [0.0] * len(ids[:max_new_tokens]),
-                                  stopped=len(ids) <= max_new_tokens))  # fmt: skip
-        return out
 
 
 def oracle_pairs(suite, task) -> list[tuple[ToolCall, str]]:
@@ -103,7 +85,7 @@ def run_arm(suite, tok, tasks, table, skills: bool, working: bool, horizon: int,
     specs = [EpisodeSpec(t.task_id, t, wrap(clone_env(suite.envs[t.env_id]), exposed[t.env_id],
                                             working), t.task_id) for t in tasks]  # fmt: skip
     limits = Limits(max_turns=horizon, max_new_tokens=160, max_context=8192, greedy=True)
-    episodes, _ = run_episodes(specs, Scripted(tok, scripts), tok, limits)
+    episodes, _ = run_episodes(specs, ScriptedBackend(tok, scripts), tok, limits)
     frame = pd.DataFrame(episodes)
     return {"success": round(100 * float(frame["success"].mean()), 1),
             "tool_calls": round(float(frame["tool_calls"].mean()), 2),

@@ -31,6 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import ScriptedBackend  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig, PolicyConfig  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
@@ -38,7 +39,6 @@ from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.envs.scale import scale_suite  # noqa: E402
 from rollwise.policy.build import train_tokenizer  # noqa: E402
 from rollwise.policy.chat import action_text, code_action_text, code_messages  # noqa: E402
-from rollwise.policy.hf import Completion  # noqa: E402
 from rollwise.rollout.code import oracle_code  # noqa: E402
 from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
 
@@ -55,25 +55,6 @@ def oracle_turns(task, mode: str) -> list[str]:
     if mode == "code":
         return [code_action_text(oracle_code(list(task.oracle))), task.answer + "<|im_end|>"]
     return [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
-
-
-class Scripted:
-    """A scripted policy behind the backend contract: turn k of an episode is its script's k-th
-    turn (found by the task prompt), cut to the token room like a model's."""
-
-    def __init__(self, tok, scripts: dict[str, list[str]]):
-        self.tok, self.scripts = tok, scripts
-
-    def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None,
-                 top_p=1.0):  # fmt: skip
-        out = []
-        for p in prompts:
-            text = self.tok.decode(p)
-            script = next(v for k, v in self.scripts.items() if f"user\n{k}<|im_end|>" in text)
-            ids = self.tok.encode(script[text.count("<|im_start|>assistant") - 1],
-                                  add_special_tokens=False)[:max_new_tokens]  # fmt: skip
-            out.append(Completion(ids, [0.0] * len(ids), stopped=True))
-        return out
 
 
 def tokenizer_for(suite):
@@ -97,7 +78,8 @@ def run_mode(suite, tok, mode: str, max_context: int) -> list[dict]:
     specs = [EpisodeSpec(t.task_id, t, clone_env(suite.envs[t.env_id])) for t in tasks]
     limits = Limits(max_turns=8, max_new_tokens=256, max_context=max_context, greedy=True,
                     action_mode=mode)  # fmt: skip
-    episodes, _ = run_episodes(specs, Scripted(tok, scripts), tok, limits)
+    backend = ScriptedBackend(tok, scripts, cut_is_stop=True)
+    episodes, _ = run_episodes(specs, backend, tok, limits)
     return episodes
 
 
