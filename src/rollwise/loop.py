@@ -81,7 +81,6 @@ def rollout(
 ) -> Rollout:  # fmt: skip
     """Schedule round r's tasks (quarantined ones sit out), sample G episodes each through `run`
     (DAPO rolls batch after batch), and cost and observe every rollout spent."""
-    from rollwise.envs.faults import AUDIT_FILE  # noqa: F401  (the audit table's file name)
     from rollwise.rollout.cost import episode_costs
     from rollwise.rollout.engine import AUDIT_COLUMNS, EpisodeSpec, audit_row, clone_env
     from rollwise.schedule import SCHEDULERS
