@@ -61,7 +61,8 @@ SFT_STEPS = (25, 50, 75, 100, 125, 150, 175, 200)
 
 def make_real(folder: Path, seed: int) -> Path:
     """A real pool: one warm-start SFT run (params.yaml's policy and warmstart, suite seed `seed`)
-    saved every 25 steps, every checkpoint on every held-out task (the evaluate stage's code)."""
+    saved every 25 steps, every checkpoint on every held-out task (the evaluate stage's code).
+    A pool already built is reused: a stopped `--make-real N` resumes at the next seed."""
     from rollwise.config import load_params
     from rollwise.envs.generate import generate_suite
     from rollwise.envs.runtime import load_suite
@@ -70,6 +71,8 @@ def make_real(folder: Path, seed: int) -> Path:
     from rollwise.train.warmstart import suite_tokenizer
     from tasks.evaluate import evaluate_candidates, user_candidates
 
+    if (folder / "data" / "eval" / "matrix.parquet").exists():
+        return folder / "data" / "eval" / "matrix.parquet"
     params = load_params(ROOT / "params.yaml", {"envs.seed": seed, "evaluate.method": "full"})
     generate_suite(params.envs, folder / "data" / "envs")
     suite = load_suite(folder / "data" / "envs")
@@ -235,6 +238,8 @@ def main() -> None:
         ]
     }  # fmt: skip
     plot(per_method, ablation, OUT / "halving.png")
+    real_rows = groups.get("real", {}).get("halving", [])  # the real pools alone (issue 42)
+    real_fig = aggregate(real_rows) if real_rows else {}
     result = {
         "command": " ".join(["python bench/halving.py", *sys.argv[1:]]),
         "git_commit": STARTED_AT,
@@ -248,6 +253,10 @@ def main() -> None:
         "by_pool_group": {g: {m: aggregate(r) for m, r in ms.items()} for g, ms in groups.items()},
         "pools": len(pools),
         "real_pools": len(real),
+        "real_cells_fraction": real_fig.get("cells_fraction"),
+        "real_winner_agreement": real_fig.get("winner_agreement"),
+        "real_targets": {"real_pools": ">= 10", "real_cells_fraction": "<= 0.4",
+                         "real_winner_agreement": ">= 0.95"},
         "real_matrices": [os.path.relpath(p, ROOT) for p in sorted({*args.matrices, *made})],
         "ablation": ablation,
         "pool_shapes": {name: list(y.shape) for name, y in pools},
