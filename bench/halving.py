@@ -255,8 +255,11 @@ def main() -> None:
         "real_pools": len(real),
         "real_cells_fraction": real_fig.get("cells_fraction"),
         "real_winner_agreement": real_fig.get("winner_agreement"),
-        "real_targets": {"real_pools": ">= 10", "real_cells_fraction": "<= 0.4",
-                         "real_winner_agreement": ">= 0.95"},
+        "real_targets": {
+            "real_pools": ">= 10",
+            "real_cells_fraction": "<= 0.4",
+            "real_winner_agreement": ">= 0.95",
+        },
         "real_matrices": [os.path.relpath(p, ROOT) for p in sorted({*args.matrices, *made})],
         "ablation": ablation,
         "pool_shapes": {name: list(y.shape) for name, y in pools},
