@@ -164,6 +164,14 @@ class WarmstartConfig(Section):
         False,
         description="With policy.model set: SFT it on the oracles too; false: use it as it is.",
     )
+    direct_answer_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of SFT demos that answer at once with another task's answer, no tool "
+        "called: the guessing habit of a chat model, which RL's reward has to replace with "
+        "lookups. 0: oracle demos only.",
+    )
     stop_at_success: float | None = Field(
         None,
         gt=0,

@@ -51,6 +51,14 @@ def oracle_sequence(task: Task, env, tokenizer) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
+def direct_sequence(task: Task, env, tokenizer, answer: str) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of the tool-free habit: the prompt, then `answer` at once, no call
+    made and nothing read (warmstart.direct_answer_share)."""
+    prompt = prompt_ids(tokenizer, env.reset(task, seed=0), env.tools())
+    piece = encode(tokenizer, action_text(answer=answer, eos=tokenizer.eos_token))
+    return prompt + piece, [0] * len(prompt) + [1] * len(piece)
+
+
 def pad_batch(seqs: list[tuple[list[int], list[int]]], pad_id: int):
     """Right-padded [B, T] ids, attention mask and loss mask."""
     width = max(len(ids) for ids, _ in seqs)

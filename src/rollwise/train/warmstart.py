@@ -24,7 +24,7 @@ def sft_warm_start(
     `on_step(step, loss)` reports progress. With warmstart.stop_at_success, each validation check
     is appended to `checks`."""
     from rollwise.policy.build import build_model
-    from rollwise.train.sft import oracle_sequence, sft
+    from rollwise.train.sft import sft
 
     w = params.warmstart
     with tempfile.TemporaryDirectory() as scratch:
@@ -41,16 +41,35 @@ def sft_warm_start(
             model = build_model(tokenizer, params.policy)
         else:  # a pretrained model's own tokenizer reads every word
             model, tokenizer = base
-        train = [
-            oracle_sequence(t, s.envs[t.env_id], tokenizer)
-            for s in demo_suites
-            for t in s.split("train")
-        ]
+        train = demos(demo_suites, tokenizer, w.direct_answer_share, w.seed)
         stop = None
         if validation is not None:
             stop = success_check(model, tokenizer, validation, params, checks)
         losses = sft(model, train, w, tokenizer.pad_token_id, on_step, stop)
     return model, tokenizer, losses, len(train)
+
+
+def demos(suites: list[Suite], tokenizer, direct_share: float, seed: int) -> list[tuple]:
+    """The SFT sequences: every train task's oracle trajectory, except a seeded `direct_share`
+    of them answered at once with another task's answer (the tool-free habit of a chat model
+    that guesses instead of looking up: what agentic RL has to unlearn)."""
+    import random
+
+    from rollwise.train.sft import direct_sequence, oracle_sequence
+
+    rng = random.Random(seed)
+    out = []
+    for s in suites:
+        tasks = s.split("train")
+        for t in tasks:
+            env = s.envs[t.env_id]
+            if direct_share and rng.random() < direct_share:
+                wrong = [o.answer for o in rng.sample(tasks, min(8, len(tasks)))]
+                wrong = [a for a in wrong if a != t.answer] or ["unknown"]
+                out.append(direct_sequence(t, env, tokenizer, wrong[0]))
+            else:
+                out.append(oracle_sequence(t, env, tokenizer))
+    return out
 
 
 def success_check(model, tokenizer, suite: Suite, params: Params, checks: list[dict] | None):
