@@ -120,6 +120,49 @@ def reference_policy(model, cfg):
     return copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
 
 
+def oracle_items(suite: Suite, n: int, r: int, model, tok, p: Params) -> list[dict]:
+    """`n` of the suite's train tasks' oracle trajectories (round `r` picks them), advantage +1
+    on the policy tokens, the model's own log-probs as PPO's old policy: the trainer's update
+    budget given a perfect signal, which bounds what any advantage could do with the same lr
+    and steps."""
+    import random
+
+    from rollwise.train.sft import oracle_sequence
+    from rollwise.train.trainer import policy_logprobs
+
+    train = suite.split("train")
+    if n > len(train):
+        raise SystemExit(
+            f"oracle control: {n} demos a round, the suite has {len(train)} train tasks"
+        )
+    items = []
+    for t in random.Random(r).sample(train, n):
+        ids, mask = oracle_sequence(t, suite.envs[t.env_id], tok)
+        items.append({"ids": ids, "mask": mask, "adv": [float(m) for m in mask],
+                      "logprobs": [0.0] * len(ids)})  # fmt: skip
+    old = policy_logprobs(model, items, p.train, tok.pad_token_id, p.rollout.temperature)
+    return [{**it, "logprobs": list(lp)} for it, lp in zip(items, old, strict=True)]
+
+
+def run_oracle_rounds(
+    p: Params, suite: Suite, model, tok, rounds: int, n: int, on_round: Callable | None = None
+):
+    """The oracle-demo control: `rounds` rounds of `n` oracle trajectories each through the
+    pipeline's trainer (no rollout), its optimizer and reference kept across rounds as
+    loop.run_rounds keeps them; `on_round(r, model, stats)` after each. Returns the model."""
+    from rollwise.train.trainer import make_optimizer, train_round
+
+    opt, ref, steps = make_optimizer(model, p.train), reference_policy(model, p.train), 0
+    for r in range(1, rounds + 1):
+        items = oracle_items(suite, n, r, model, tok, p)
+        stats = train_round(model, items, p.train, opt, tok.pad_token_id, ref,
+                            temperature=p.rollout.temperature, steps_before=steps)  # fmt: skip
+        steps += int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
+        if on_round is not None:
+            on_round(r, model, stats)
+    return model
+
+
 class ScriptedBackend:
     """A scripted policy behind the policy backend contract: turn k of an episode is its
     script's k-th turn (the script found by the task prompt), cut to the token room like a

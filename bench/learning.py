@@ -4,9 +4,11 @@ Per seed: the warm start (the pipeline's round_00 for these params: a pretrained
 briefly on oracle demos, or the built tiny model; cached), greedy success on the held-out split,
 then `--rounds` rounds of rollwise.loop.run_rounds (the stages' own functions; fresh train tasks
 from the scheduler every round), held-out success every `--eval-every` rounds. With
-`--control`, the oracle-demo control beside it: the same rounds, but each round's episodes
-replaced by as many oracle trajectories of the same tasks, SFT'd (the supervised signal RL's
-episodes are compared against).
+`--control`, the oracle-demo control beside it from the same warm start: the same rounds, but
+each round's episodes replaced by as many oracle trajectories of train tasks (advantage +1)
+through the same trainer (bench/common.py run_oracle_rounds): the supervised signal RL's
+episodes are compared against, `rl_vs_oracle_control_ratio`. `--spread-seeds`: more seeds
+whose warm start is only built and evaluated (`warmstart_spread_pts` over all seeds).
 
 Held-out success is split into the suite's held-out tasks in trained environments and those in
 environments no stage trained on (`unseen`). A seed's gain carries a 95% interval over its
@@ -14,7 +16,7 @@ paired tasks (each task's final minus start success).
 
     .venv/bin/python bench/learning.py [--seeds 0 1 2] [--rounds 8] [--eval-every 2] \
         [--eval-tasks 64] [--control] [--recipe smollm2|tiny] [--out bench/results/learning.json] \
-        [key=value ...]
+        [--spread-seeds 3 4]  (key=value overrides go first: --seeds and --spread-seeds take lists)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from bench.common import (  # noqa: E402
     arm_params,
     bench_params,
     parse_overrides,
+    run_oracle_rounds,
     seeded,
     suite_at,
     warm_start_folder,
@@ -145,7 +148,32 @@ def run_seed(seed: int, p, suite, args, save=None) -> dict:
                 save(finished(seed, start, ep, curve, rounds, unseen, warm_s, t0, partial=True))
 
     loop.run_rounds(cfg, suite, model, tok, args.rounds, on_round=on_round)
-    return finished(seed, start, curve[-1]["episodes"], curve, rounds, unseen, warm_s, t0)
+    run = finished(seed, start, curve[-1]["episodes"], curve, rounds, unseen, warm_s, t0)
+    if args.control:
+        run["control"] = control_run(seed, cfg, folder, suite, args, start, unseen)
+    return run
+
+
+def control_run(seed: int, cfg, folder: Path, suite, args, start, unseen: set[str]) -> dict:
+    """The oracle-demo control from the same warm start: each round as many oracle
+    trajectories as RL's round has episodes (tasks x samples), through the same trainer."""
+    t0 = time.perf_counter()
+    model, tok = load_policy(folder)
+    n = cfg.schedule.tasks_per_round * cfg.rollout.samples_per_task
+    curve, last = [{"round": 0, **scores(start, unseen)}], start
+
+    def on_round(r: int, model, stats: dict) -> None:
+        nonlocal last
+        if r % args.eval_every == 0 or r == args.rounds:
+            last = heldout(model, tok, suite, cfg, args.eval_tasks)
+            curve.append({"round": r, **scores(last, unseen), "wall_s": time.perf_counter() - t0})
+            print(json.dumps({"seed": seed, "control": True, **curve[-1]}), flush=True)
+
+    run_oracle_rounds(cfg, suite, model, tok, args.rounds, n, on_round)
+    new = start["env_id"].isin(unseen)
+    return {"demos_a_round": n, "heldout": paired_gain(start, last),
+            "unseen": paired_gain(start[new], last[last["env_id"].isin(unseen)]),
+            "curve": curve, "wall_s": time.perf_counter() - t0}  # fmt: skip
 
 
 def finished(seed, start, end, curve, rounds, unseen, warm_s, t0, partial=False) -> dict:
@@ -161,8 +189,10 @@ def finished(seed, start, end, curve, rounds, unseen, warm_s, t0, partial=False)
             "warm_start_s": warm_s, "wall_s": time.perf_counter() - t0}  # fmt: skip
 
 
-def summarize(runs: list[dict], args, overrides: dict) -> dict:
+def summarize(runs: list[dict], args, overrides: dict, spread: dict | None = None) -> dict:
     med = lambda xs: float(np.median(xs)) if xs else None  # noqa: E731
+    control = [r["control"]["heldout"]["gain_pts"] for r in runs if "control" in r]
+    starts = {**{r["seed"]: r["warmstart_success"] for r in runs}, **(spread or {})}
     return {
         "command": "python bench/learning.py " + " ".join(sys.argv[1:]),
         "git_commit": STARTED_AT,
@@ -174,9 +204,14 @@ def summarize(runs: list[dict], args, overrides: dict) -> dict:
         "partial": any(r["partial"] for r in runs),
         "worst_round_drop_pts": max(r["worst_round_drop_pts"] for r in runs),
         "wall_s_per_seed": med([r["wall_s"] for r in runs]),
-        "rl_vs_oracle_control_ratio": None,  # --control not run: see the issue note
-        "warmstart_spread_pts": 100 * (max(r["warmstart_success"] for r in runs)
-                                       - min(r["warmstart_success"] for r in runs)),
+        "control_gain_pts_median": med(control),
+        "rl_vs_oracle_control_ratio": (
+            med([r["heldout"]["gain_pts"] for r in runs]) / med(control)
+            if control and med(control) > 0
+            else None
+        ),  # RL's median held-out gain over the oracle-demo control's, equal episodes (--control)
+        "warmstart_spread_pts": 100 * (max(starts.values()) - min(starts.values())),
+        "warmstart_success_by_seed": starts,
         "eval_tasks": args.eval_tasks,
         "rounds": args.rounds,
         "runs": runs,
@@ -197,6 +232,10 @@ def plot(result: dict, path: Path) -> None:
         unseen = [c["unseen_success"] for c in run["curve"]]
         if all(u is not None for u in unseen):
             ax.plot(xs, [100 * u for u in unseen], ls="--", label=f"seed {run['seed']} unseen envs")
+        if "control" in run:
+            cs = run["control"]["curve"]
+            ax.plot([c["round"] for c in cs], [100 * c["success"] for c in cs], ls=":",
+                    marker="x", label=f"seed {run['seed']} oracle-demo control")  # fmt: skip
     ax.set_xlabel("RL round")
     ax.set_ylabel("greedy success (%)")
     ax.set_title(f"learning bench ({result['recipe']})")
@@ -215,6 +254,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--control", action="store_true", help="the oracle-demo control too")
+    parser.add_argument("--spread-seeds", type=int, nargs="*", default=[],
+                        help="more seeds whose warm start is only evaluated")  # fmt: skip
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "learning")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learning.json")
     args = parser.parse_args()
@@ -224,9 +266,10 @@ def main() -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     suite, _ = suite_at(args.cache, p.envs)
     runs: list[dict] = []
+    spread: dict[int, float] = {}
 
     def write(latest: dict | None = None) -> dict:
-        result = summarize([*runs, *([latest] if latest else [])], args, overrides)
+        result = summarize([*runs, *([latest] if latest else [])], args, overrides, spread)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         plot(result, args.out.with_suffix(".png"))
         result["plot"] = os.path.relpath(args.out.with_suffix(".png"), ROOT)
@@ -235,6 +278,12 @@ def main() -> None:
 
     for seed in args.seeds:  # each seed's figures are written as they land, rounds too
         runs.append(run_seed(seed, p, suite, args, save=write))
+        result = write()
+    for seed in (s for s in args.spread_seeds if s not in args.seeds):  # warm starts only
+        cfg = arm_params(p, {**seeded(seed), "warmstart.seed": seed})
+        model, tok = load_policy(warm_start_folder(cfg, suite, args.cache))
+        spread[seed] = float(heldout(model, tok, suite, cfg, args.eval_tasks)["success"].mean())
+        print(json.dumps({"seed": seed, "warmstart_success": spread[seed]}), flush=True)
         result = write()
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, default=float))
 

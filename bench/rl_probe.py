@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     bench_params,
     parse_overrides,
-    reference_policy,
+    run_oracle_rounds,
     suite_at,
     warm_start_folder,
 )
@@ -39,12 +38,6 @@ from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize 
 from rollwise.policy.build import load_policy, save_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import Limits  # noqa: E402
-from rollwise.train.sft import oracle_sequence  # noqa: E402
-from rollwise.train.trainer import (  # noqa: E402
-    make_optimizer,
-    policy_logprobs,
-    train_round,
-)
 
 
 def warm_start(p, cache: Path, given: Path | None = None):
@@ -68,36 +61,7 @@ def by_kind(episodes: pd.DataFrame, suite) -> dict[str, float]:
     return episodes.groupby(kinds)["success"].mean().round(3).to_dict()
 
 
-def oracle_items(suite, n: int, r: int, model, tok, p) -> list[dict]:
-    """--oracle N: N of the suite's train tasks' oracle trajectories, advantage +1 on the policy
-    tokens, the model's own log-probs as PPO's old policy: the trainer's update budget given a
-    perfect signal, which bounds what any advantage could do with the same lr and steps."""
-    train = suite.split("train")
-    if n > len(train):
-        raise SystemExit(f"--oracle {n}: the round's suite has only {len(train)} train tasks")
-    items = []
-    for t in random.Random(r).sample(train, n):
-        ids, mask = oracle_sequence(t, suite.envs[t.env_id], tok)
-        items.append({"ids": ids, "mask": mask, "adv": [float(m) for m in mask],
-                      "logprobs": [0.0] * len(ids)})  # fmt: skip
-    old = policy_logprobs(model, items, p.train, tok.pad_token_id, p.rollout.temperature)
-    return [{**it, "logprobs": list(lp)} for it, lp in zip(items, old, strict=True)]
-
-
 TRAIN_STATS = ("approx_kl", "kl_ref", "clip_frac", "entropy")  # per round, from train_round
-
-
-def oracle_round(r: int, model, tok, suite, p, opt, args) -> dict:
-    """One round of the control arm: --oracle N oracle trajectories through the trainer."""
-    items = oracle_items(suite, args.oracle, r, model, tok, p)
-    t0 = time.perf_counter()
-    stats = train_round(
-        model, items, p.train, opt, tok.pad_token_id, args.ref,
-        temperature=p.rollout.temperature, steps_before=args.steps_done,
-    )  # fmt: skip
-    args.steps_done += int(stats.get("optimizer_steps", 0) + stats.get("nonfinite_steps", 0))
-    return {"round": r, "oracle": args.oracle, "train_s": time.perf_counter() - t0,
-            **{k: stats.get(k, 0.0) for k in TRAIN_STATS}}  # fmt: skip
 
 
 def round_line(r: int, done) -> dict:
@@ -126,7 +90,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     p = bench_params(parse_overrides(args.overrides))
     args.cache.mkdir(parents=True, exist_ok=True)
-    args.steps_done = 0
     suite, model, tok = warm_start(p, args.cache, args.warm)
 
     def evaluate(r: int, model=model) -> None:
@@ -153,9 +116,13 @@ def main() -> None:
             evaluate(r, model)
 
     if args.oracle:
-        opt, args.ref = make_optimizer(model, p.train), reference_policy(model, p.train)
-        for r in range(1, p.n_rounds + 1):
-            finished(r, oracle_round(r, model, tok, suite, p, opt, args), model)
+        t0 = time.perf_counter()
+
+        def oracle_done(r: int, model, stats: dict) -> None:
+            line = {"round": r, "oracle": args.oracle, "train_s": time.perf_counter() - t0}
+            finished(r, {**line, **{k: stats.get(k, 0.0) for k in TRAIN_STATS}}, model)
+
+        run_oracle_rounds(p, suite, model, tok, p.n_rounds, args.oracle, oracle_done)
     else:
         model, _ = loop.run_rounds(
             p,
