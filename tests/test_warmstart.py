@@ -90,3 +90,10 @@ def test_a_pretrained_base_is_fine_tuned_with_its_own_tokenizer(tmp_path):
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
     _, _, again = loop.warm_start(params, suite, tmp_path / "cache", base=(base, tok))
     assert "cached" in again
+
+
+def test_a_suite_with_no_train_task_fails_naming_why(tmp_path):
+    params = validate({"envs": {**SMALL, "heldout_envs": 3}, "warmstart": {"steps": 2}})
+    generate_suite(params.envs, tmp_path / "main")
+    with pytest.raises(ValueError, match="no train task"):
+        sft_warm_start(params, load_suite(tmp_path / "main"))

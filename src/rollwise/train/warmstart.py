@@ -42,6 +42,11 @@ def sft_warm_start(
         else:  # a pretrained model's own tokenizer reads every word
             model, tokenizer = base
         train = demos(demo_suites, tokenizer, w.direct_answer_share, w.seed)
+        if not train and w.steps:
+            raise ValueError(
+                "warm start: the suite has no train task to demonstrate (every environment "
+                "held out: envs.heldout_envs >= envs.n_envs?)"
+            )
         stop = None
         if validation is not None:
             stop = success_check(model, tokenizer, validation, params, checks)
