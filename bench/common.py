@@ -163,6 +163,32 @@ def run_oracle_rounds(
     return model
 
 
+def run_sft_control(p: Params, suite: Suite, model, tok, rounds: int, n: int, on_round=None):
+    """The supervised reference at equal demos: the warm start's own SFT continued (sft(): its
+    optimizer, batch and schedule) for `rounds` x `n` demos drawn from the demos it was built
+    from (the suite's train oracles and the augment suites: other databases, so none of it can
+    be memorized for the held-out tasks); `on_round(r, model)` after every n demos. What the
+    trainer's oracle control gains below this is the update's cost, not the signal's."""
+    import tempfile
+
+    from rollwise.train.sft import sft
+    from rollwise.train.warmstart import augment_suites, demos
+
+    w = p.warmstart
+    with tempfile.TemporaryDirectory() as scratch:
+        seqs = demos([suite, *augment_suites(p, Path(scratch))], tok, w.direct_answer_share, w.seed)
+    per_round = max(1, n // w.batch_size)
+    cfg = w.model_copy(update={"steps": rounds * per_round, "seed": w.seed + 1})
+
+    def each(step: int, loss: float) -> None:
+        if on_round is not None and (step + 1) % per_round == 0:
+            on_round((step + 1) // per_round, model)
+            model.train()
+
+    sft(model, seqs, cfg, tok.pad_token_id, on_step=each)
+    return model
+
+
 class ScriptedBackend:
     """A scripted policy behind the policy backend contract: turn k of an episode is its
     script's k-th turn (the script found by the task prompt), cut to the token room like a

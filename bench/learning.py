@@ -7,15 +7,18 @@ from the scheduler every round), held-out success every `--eval-every` rounds. W
 `--control`, the oracle-demo control beside it from the same warm start: the same rounds, but
 each round's episodes replaced by as many oracle trajectories of train tasks (advantage +1)
 through the same trainer (bench/common.py run_oracle_rounds): the supervised signal RL's
-episodes are compared against, `rl_vs_oracle_control_ratio`. `--spread-seeds`: more seeds
-whose warm start is only built and evaluated (`warmstart_spread_pts` over all seeds).
+episodes are compared against, `rl_vs_oracle_control_ratio`. `--control sft`: instead the warm
+start's own SFT continued on as many demos a round (run_sft_control): the update's cost.
+`--spread-seeds`: more seeds whose warm start is only built and evaluated
+(`warmstart_spread_pts` over all seeds).
 
 Held-out success is split into the suite's held-out tasks in trained environments and those in
 environments no stage trained on (`unseen`). A seed's gain carries a 95% interval over its
 paired tasks (each task's final minus start success).
 
     .venv/bin/python bench/learning.py [--seeds 0 1 2] [--rounds 8] [--eval-every 2] \
-        [--eval-tasks 64] [--control] [--recipe smollm2|tiny] [--out bench/results/learning.json] \
+        [--eval-tasks 64] [--control [trainer|sft]] [--recipe smollm2|tiny] \
+        [--out bench/results/learning.json] \
         [--spread-seeds 3 4]  (key=value overrides go first: --seeds and --spread-seeds take lists)
 """
 
@@ -42,6 +45,7 @@ from bench.common import (  # noqa: E402
     bench_params,
     parse_overrides,
     run_oracle_rounds,
+    run_sft_control,
     seeded,
     suite_at,
     warm_start_folder,
@@ -169,9 +173,12 @@ def control_run(seed: int, cfg, folder: Path, suite, args, start, unseen: set[st
             curve.append({"round": r, **scores(last, unseen), "wall_s": time.perf_counter() - t0})
             print(json.dumps({"seed": seed, "control": True, **curve[-1]}), flush=True)
 
-    run_oracle_rounds(cfg, suite, model, tok, args.rounds, n, on_round)
+    if args.control == "sft":
+        run_sft_control(cfg, suite, model, tok, args.rounds, n, lambda r, m: on_round(r, m, {}))
+    else:
+        run_oracle_rounds(cfg, suite, model, tok, args.rounds, n, on_round)
     new = start["env_id"].isin(unseen)
-    return {"demos_a_round": n, "heldout": paired_gain(start, last),
+    return {"kind": args.control, "demos_a_round": n, "heldout": paired_gain(start, last),
             "unseen": paired_gain(start[new], last[last["env_id"].isin(unseen)]),
             "curve": curve, "wall_s": time.perf_counter() - t0}  # fmt: skip
 
@@ -235,7 +242,8 @@ def plot(result: dict, path: Path) -> None:
         if "control" in run:
             cs = run["control"]["curve"]
             ax.plot([c["round"] for c in cs], [100 * c["success"] for c in cs], ls=":",
-                    marker="x", label=f"seed {run['seed']} oracle-demo control")  # fmt: skip
+                    marker="x", label=f"seed {run['seed']} {run['control'].get('kind', 'trainer')} "
+                    "control")  # fmt: skip
     ax.set_xlabel("RL round")
     ax.set_ylabel("greedy success (%)")
     ax.set_title(f"learning bench ({result['recipe']})")
@@ -254,7 +262,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--control", action="store_true", help="the oracle-demo control too")
+    parser.add_argument("--control", nargs="?", const="trainer", choices=["trainer", "sft"],
+                        help="the oracle-demo control too: through RL's trainer (default), or "
+                        "the warm start's SFT continued on as many demos")  # fmt: skip
     parser.add_argument("--spread-seeds", type=int, nargs="*", default=[],
                         help="more seeds whose warm start is only evaluated")  # fmt: skip
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "learning")
