@@ -95,15 +95,27 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / ".rollwise" / "bench")
     args = parser.parse_args()
     runs = []
-    for seed in args.seeds:
-        runs.append(run_seed(seed, args.work))
+    for seed in args.seeds:  # a stopped run resumes: a seed finished at this code is kept
+        done = args.work / f"seed_{seed}.result.json"
+        kept = json.loads(done.read_text()) if done.exists() else {}
+        if kept.get("git_commit") == STARTED_AT and not STARTED_AT.endswith("+uncommitted"):
+            runs.append(kept["run"])
+        else:
+            runs.append(run_seed(seed, args.work))
+            done.write_text(json.dumps({"git_commit": STARTED_AT, "run": runs[-1]}) + "\n")
         print(json.dumps(runs[-1]), flush=True)
+        write(runs, args.seeds)
+
+
+def write(runs: list[dict], seeds: list[int]) -> None:
+    """The results file from the seeds run so far (`seeds_done`; every seed when finished)."""
     stage_names = runs[0]["stage_wall_s"].keys()
     result = {
         "command": "make bench  # .venv/bin/python bench/quickstart.py --seeds "
-        + " ".join(map(str, args.seeds)),
+        + " ".join(map(str, seeds)),
         "git_commit": STARTED_AT,
-        "seeds": args.seeds,
+        "seeds": seeds,
+        "seeds_done": [r["seed"] for r in runs],
         "wall_s_median": statistics.median(r["wall_s"] for r in runs),
         "heldout_gain_pts_median": statistics.median(r["heldout_gain_pts"] for r in runs),
         "warmstart_success_median": statistics.median(r["warmstart_success"] for r in runs),
