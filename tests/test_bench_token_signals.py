@@ -1,11 +1,11 @@
-"""bench/token_signals.py's pure helpers (the bench itself is not run: issue 41)."""
+"""bench/token_signals.py's pure helpers: arms, pairing with grpo, the issue's keys."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.common import arm_params, bench_params
-from bench.token_signals import ARMS, arm_overrides, summarize
+from bench.token_signals import ARMS, arm_overrides, headline, summarize
 
 
 def test_every_arm_is_a_valid_override_set_differing_only_in_credit():
@@ -35,3 +35,18 @@ def test_summary_pairs_each_seed_with_grpo():
     s = summarize(runs)
     assert s["opdvr"]["gain_vs_grpo_median"] == pytest.approx(0.2)
     assert s["grpo"]["gain_vs_grpo_median"] == 0.0 and s["opdvr"]["rollouts_median"] == 64
+
+
+def test_headline_keys_are_point_differences_of_the_arm_medians():
+    runs = [
+        {"arm": a, "seed": 0, "heldout_success": s, "rollouts": 64, "factual_error_rate": f}
+        for a, s, f in [("grpo", 0.50, 0.2), ("opd", 0.52, None), ("opdvr", 0.56, 0.1),
+                        ("farca", 0.40, 0.3), ("farca_unweighted", 0.45, 0.4)]
+    ]  # fmt: skip
+    h = headline(summarize(runs))
+    assert h["opdvr_minus_opd_pts"] == pytest.approx(4.0)
+    assert h["opdvr_minus_grpo_pts"] == pytest.approx(6.0)
+    assert h["farca_minus_unweighted_pts"] == pytest.approx(-5.0)
+    assert h["factual_error_rate"] == {"grpo": 0.2, "opd": None, "opdvr": 0.1, "farca": 0.3,
+                                       "farca_unweighted": 0.4}  # fmt: skip
+    assert headline(summarize(runs[:1]))["opdvr_minus_opd_pts"] is None  # arm not run
