@@ -41,7 +41,8 @@ def sampled(model, tok, suite, tasks, p, k: int, temperature: float) -> pd.DataF
                     sample=i, seed=i)
         for t in tasks for i in range(k)
     ]  # fmt: skip
-    limits = Limits(max_context=p.policy.max_context, temperature=temperature)
+    limits = Limits(max_context=p.policy.max_context, temperature=temperature,
+                    max_new_tokens=p.evaluate.max_new_tokens)  # fmt: skip
     return pd.DataFrame(run_episodes(specs, HFBackend(model, tok), tok, limits)[0])
 
 
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=0, help="K sampled episodes per task")
     parser.add_argument("--temperature", type=float, default=None, help="default: the rollout's")
     parser.add_argument("--warm-start", type=Path, help="a saved policy folder instead of the SFT")
+    parser.add_argument("--splits", nargs="+", choices=["train", "heldout"],
+                        default=["train", "heldout"])  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
@@ -72,9 +75,10 @@ def main() -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     suite, model, tok = warm_start(p, args.cache, args.warm_start)
     catalog = suite.catalog.set_index("task_id")
-    limits = Limits(max_context=p.policy.max_context, greedy=True)
+    limits = Limits(max_context=p.policy.max_context, greedy=True,
+                    max_new_tokens=p.evaluate.max_new_tokens)  # fmt: skip
     result: dict = {}
-    for split in ("train", "heldout"):
+    for split in args.splits:
         tasks = evaluation_tasks(suite, split, p.evaluate.max_tasks)
         episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
         episodes["unseen_env"] = episodes["task_id"].map(catalog["heldout_env"])
@@ -101,7 +105,7 @@ def main() -> None:
         "git_commit": STARTED_AT,
         "train_minus_heldout_seen_env_pts": 100 * (
             result["train"]["success"] - result["heldout"]["by_env"].get("seen_env", 0.0)
-        ),
+        ) if len(result) == 2 else None,
         **result,
     }, indent=1) + "\n")  # fmt: skip
 
