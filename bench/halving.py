@@ -4,8 +4,8 @@ full matrix is known, so every selector's choice can be checked against full eva
 Pools (each a full (C, I) success matrix; a selector sees only the cells it asks for):
 - real: data/eval/matrix.parquet of runs that evaluated every checkpoint on every task
   (`--matrices`; default: the orchestration bench's seeds under .rollwise/bench/ and the series
-  `--make-real N` builds there: N suites, each with the warm start's SFT checkpoints every 25
-  steps up to 200, evaluated on every held-out task by tasks/evaluate.py, method full).
+  `--make-real N` builds there: N suites, each with the warm start's SFT checkpoints at every
+  eighth of its steps, evaluated on every held-out task by tasks/evaluate.py, method full).
 - fitted: outcome matrices drawn from a 2PL fit to each real matrix (its abilities and items).
 - simulated: checkpoint series, C candidates with abilities ~ N(0, spread), items from the priors
   of design.md §4 (spread 0.3: closely matched; 0.8: well separated).
@@ -56,19 +56,23 @@ def real_pools(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
     return pools
 
 
-SFT_STEPS = (25, 50, 75, 100, 125, 150, 175, 200)
+CHECKPOINTS = 8  # a real pool's candidates: the warm start's run cut in this many equal parts
 
 
 def make_real(folder: Path, seed: int) -> Path:
-    """A real pool: one warm-start SFT run (params.yaml's policy and warmstart, suite seed `seed`)
-    saved every 25 steps, every checkpoint on every held-out task (the evaluate stage's code).
-    A pool already built is reused: a stopped `--make-real N` resumes at the next seed."""
+    """A real pool: one warm-start SFT run (params.yaml's policy and warmstart, suite seed `seed`,
+    through the pipeline's builder, augment suites' demos included) saved at every eighth of its
+    steps, so the candidates span the run from barely trained to the warm start the pipeline
+    ships (pools of a run's first 200 steps were all near 0% success: nothing to choose), every
+    checkpoint on every held-out task (the evaluate stage's code). A pool already built is
+    reused: a stopped `--make-real N` resumes at the next seed."""
+    import tempfile
+
     from rollwise.config import load_params
     from rollwise.envs.generate import generate_suite
     from rollwise.envs.runtime import load_suite
     from rollwise.policy.build import build_model, save_policy
-    from rollwise.train.sft import oracle_sequence, sft
-    from rollwise.train.warmstart import suite_tokenizer
+    from rollwise.train.warmstart import augment_suites, sft_warm_start, suite_tokenizer
     from tasks.evaluate import evaluate_candidates, user_candidates
 
     if (folder / "data" / "eval" / "matrix.parquet").exists():
@@ -76,18 +80,19 @@ def make_real(folder: Path, seed: int) -> Path:
     params = load_params(ROOT / "params.yaml", {"envs.seed": seed, "evaluate.method": "full"})
     generate_suite(params.envs, folder / "data" / "envs")
     suite = load_suite(folder / "data" / "envs")
-    tok = suite_tokenizer(suite)
+    with tempfile.TemporaryDirectory() as scratch:  # the warm start's own words and demos
+        tok = suite_tokenizer(suite, *augment_suites(params, Path(scratch)))
     model = build_model(tok, params.policy)
-    demos = [oracle_sequence(t, suite.envs[t.env_id], tok) for t in suite.split("train")]
-    names = {s: f"sft_{s:03d}" for s in SFT_STEPS}
+    total = params.warmstart.steps
+    names = {total * k // CHECKPOINTS: f"sft_{total * k // CHECKPOINTS:03d}"
+             for k in range(1, CHECKPOINTS + 1)}  # fmt: skip
 
     def save(step: int, loss: float) -> None:
         if step + 1 in names:
             save_policy(model, tok, folder / "models" / names[step + 1], {"sft_steps": step + 1})
             print(f"{folder.name}: saved {names[step + 1]} (loss {loss:.3f})", flush=True)
 
-    cfg = params.warmstart.model_copy(update={"steps": max(SFT_STEPS)})
-    sft(model, demos, cfg, tok.pad_token_id, on_step=save)
+    sft_warm_start(params, suite, on_step=save, base=(model, tok))  # the pipeline's SFT
     found = user_candidates({n: f"models/{n}" for n in names.values()}, folder)
     evaluate_candidates(params, folder, found, folder / "data" / "eval")
     return folder / "data" / "eval" / "matrix.parquet"
@@ -208,7 +213,7 @@ def main() -> None:
     parser.add_argument("--budget-frac", type=float, default=EvaluateConfig().budget_frac)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    made = [make_real(ROOT / ".rollwise" / "bench" / "halving_real" / f"seed_{s}", s)
+    made = [make_real(ROOT / ".rollwise" / "bench" / "halving_pools" / f"seed_{s}", s)
             for s in range(args.make_real)]  # fmt: skip
     real = real_pools(sorted({*args.matrices, *made}))
     pools = real + fitted_pools(real, args.fitted_per_real) + simulated_pools(args.sims)
