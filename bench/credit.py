@@ -37,6 +37,7 @@ import os
 import random
 import sys
 import time
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,8 +61,17 @@ from bench.common import (  # noqa: E402
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from bench.unseen import guard_suite, unseen_suite, unseen_tasks  # noqa: E402
-from rollwise.config import apply_overrides, read_raw, validate  # noqa: E402
+from rollwise.config import (  # noqa: E402
+    BaseEstimator,  # noqa: E402
+    apply_overrides,
+    read_raw,
+    validate,
+)
 from rollwise.credit import ESTIMATORS  # noqa: E402
+
+# The value panels score the estimators of an episode's turns: opd, opdvr and farca add token
+# terms that need a teacher or fact checks, cosir needs team episodes (their own benches).
+VALUE_METHODS = typing.get_args(BaseEstimator)
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report  # noqa: E402
 from rollwise.credit.gigpo import combine, step_returns  # noqa: E402
@@ -205,7 +215,8 @@ def llm_value_panel(model, tok, suite, p, args) -> dict:
     turns = turn_table(episodes, steps)
     keys, q, se = llm_reference(turns, episodes, steps, model, tok, suite, p, args.mc,
                                 args.value_seed)  # fmt: skip
-    methods = {m: report(turns, episodes, steps, q, p.credit, m) for m in [*ESTIMATORS, *VARIANTS]}
+    names = [*VALUE_METHODS, *VARIANTS]
+    methods = {m: report(turns, episodes, steps, q, p.credit, m) for m in names}
     return {
         "decomposition": decomposition(turns, episodes, steps, q, p.credit),
         "episodes": len(episodes), "turns": len(turns), "sample_success":
@@ -287,7 +298,7 @@ def toy_value_panel(args, credit) -> dict:
         turns = turn_table(episodes, steps)
         q = chain.exact_q(turns, episodes)
         rows += [{"method": m, "seed": seed, **report(turns, episodes, steps, q, credit, m)}
-                 for m in [*ESTIMATORS, *VARIANTS]]  # fmt: skip
+                 for m in [*VALUE_METHODS, *VARIANTS]]  # fmt: skip
         parts.append(decomposition(turns, episodes, steps, q, credit))
     return {"seeds": args.toy_seeds, "methods": mean_by_method(pd.DataFrame(rows)),
             "decomposition": pd.DataFrame(parts).mean().to_dict()}  # fmt: skip
@@ -448,7 +459,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
-    methods = list(ESTIMATORS)
+    methods = list(VALUE_METHODS)
     x = np.arange(len(methods))
     for k, (name, panel) in enumerate((("LLM (MC reference)", result["value_llm"]),
                                        ("toy chain (exact Q)", result["value_toy"]))):  # fmt: skip

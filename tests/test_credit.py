@@ -721,3 +721,16 @@ def test_the_credit_stage_hands_farca_the_policy_tokenizer(tmp_path: Path, monke
     credit.run(params, tmp_path, "01")
     credit.run(validate({"rounds": 1}), tmp_path, "01")
     assert seen[0] is not None and seen[1] is None
+
+
+def test_the_credit_benchs_value_panel_runs_every_episode_estimator():
+    """bench/credit.py's toy value panel: every estimator that scores an episode's turns, and
+    none of the token-term ones (a teacher or fact checks they would need is not there)."""
+    import argparse
+
+    from bench import credit as bench
+
+    panel = bench.toy_value_panel(argparse.Namespace(toy_seeds=1, toy_tasks=6), validate({}).credit)
+    assert {"grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp"} <= set(panel["methods"])
+    assert not {"opd", "opdvr", "farca", "cosir"} & set(panel["methods"])
+    assert all(np.isfinite(m["value_error"]) for m in panel["methods"].values())
