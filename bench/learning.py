@@ -10,7 +10,9 @@ through the same trainer (bench/common.py run_oracle_rounds): the supervised sig
 episodes are compared against, `rl_vs_oracle_control_ratio`. `--control sft`: instead the warm
 start's own SFT continued on as many demos a round (run_sft_control): the update's cost.
 `--spread-seeds`: more seeds whose warm start is only built and evaluated
-(`warmstart_spread_pts` over all seeds).
+(`warmstart_spread_pts` over all seeds). `--headroom K`: the warm start's pass@K at the rollout
+temperature minus its greedy success on the same tasks, the most sharpening can add
+(`warmstart_headroom_pts_median`).
 
 Held-out success is split into the suite's held-out tasks in trained environments and those in
 environments no stage trained on (`unseen`). A seed's gain carries a 95% interval over its
@@ -18,8 +20,8 @@ paired tasks (each task's final minus start success).
 
     .venv/bin/python bench/learning.py [--seeds 0 1 2] [--rounds 8] [--eval-every 2] \
         [--eval-tasks 64] [--control [trainer|sft]] [--recipe smollm2|tiny] \
-        [--out bench/results/learning.json] \
-        [--spread-seeds 3 4]  (key=value overrides go first: --seeds and --spread-seeds take lists)
+        [--out bench/results/learning.json] [--spread-seeds 3 4] [--headroom 8]
+        (key=value overrides go first: --seeds and --spread-seeds take lists)
 """
 
 from __future__ import annotations
@@ -101,6 +103,18 @@ def heldout(model, tok, suite, p, n: int) -> pd.DataFrame:
     return episodes[["task_id", "env_id", "success"]].assign(success=lambda e: e.success * 1.0)
 
 
+def headroom(model, tok, suite, p, start: pd.DataFrame, k: int) -> dict:
+    """pass@k at the rollout temperature minus greedy success, on the held-out tasks `start`
+    ran: the most RL's sharpening can add (docs/experiments/2026-12-05-headroom.md)."""
+    from bench.generalization import pass_at_k, sampled
+
+    tasks = [suite.tasks[t] for t in start["task_id"]]
+    drawn = pass_at_k(sampled(model, tok, suite, tasks, p, k, p.rollout.temperature))
+    return {"k": k, "temperature": p.rollout.temperature, "sampled_success": drawn["success"],
+            "pass_at_k": drawn["pass_at_k"],
+            "gap_pts": 100 * (drawn["pass_at_k"] - float(start["success"].mean()))}  # fmt: skip
+
+
 def paired_gain(start: pd.DataFrame, end: pd.DataFrame) -> dict:
     """Gain in points over the tasks both ran, with a 95% normal interval of the paired mean."""
     d = end.set_index("task_id")["success"] - start.set_index("task_id")["success"]
@@ -131,8 +145,10 @@ def run_seed(seed: int, p, suite, args, save=None) -> dict:
     unseen = unseen_envs(suite)
     start = heldout(model, tok, suite, cfg, args.eval_tasks)
     curve = [{"round": 0, **scores(start, unseen), "wall_s": time.perf_counter() - t0}]
+    room = headroom(model, tok, suite, cfg, start, args.headroom) if args.headroom else None
     rounds: list[dict] = []
-    print(json.dumps({"seed": seed, "warm_start": curve[0], "warm_s": round(warm_s)}), flush=True)
+    print(json.dumps({"seed": seed, "warm_start": curve[0], "headroom": room,
+                      "warm_s": round(warm_s)}), flush=True)  # fmt: skip
 
     def on_round(r: int, done: loop.Round) -> None:
         m, t = done.rollout.metrics, done.trained.metrics
@@ -149,10 +165,12 @@ def run_seed(seed: int, p, suite, args, save=None) -> dict:
             print(json.dumps({"seed": seed, **curve[-1]}), flush=True)
             curve[-1]["episodes"] = ep
             if save is not None:
-                save(finished(seed, start, ep, curve, rounds, unseen, warm_s, t0, partial=True))
+                save({**finished(seed, start, ep, curve, rounds, unseen, warm_s, t0, partial=True),
+                      "headroom": room})  # fmt: skip
 
     loop.run_rounds(cfg, suite, model, tok, args.rounds, on_round=on_round)
     run = finished(seed, start, curve[-1]["episodes"], curve, rounds, unseen, warm_s, t0)
+    run["headroom"] = room
     if args.control:
         run["control"] = control_run(seed, cfg, folder, suite, args, start, unseen)
     return run
@@ -217,6 +235,8 @@ def summarize(runs: list[dict], args, overrides: dict, spread: dict | None = Non
             if control and med(control) > 0
             else None
         ),  # RL's median held-out gain over the oracle-demo control's, equal episodes (--control)
+        "warmstart_headroom_pts_median": med([r["headroom"]["gap_pts"] for r in runs
+                                              if r.get("headroom")]),  # --headroom K
         "warmstart_spread_pts": 100 * (max(starts.values()) - min(starts.values())),
         "warmstart_success_by_seed": starts,
         "eval_tasks": args.eval_tasks,
@@ -265,6 +285,13 @@ def main() -> None:
     parser.add_argument("--control", nargs="?", const="trainer", choices=["trainer", "sft"],
                         help="the oracle-demo control too: through RL's trainer (default), or "
                         "the warm start's SFT continued on as many demos")  # fmt: skip
+    parser.add_argument(
+        "--headroom",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also the warm start's pass@K minus greedy on the held-out tasks",
+    )
     parser.add_argument("--spread-seeds", type=int, nargs="*", default=[],
                         help="more seeds whose warm start is only evaluated")  # fmt: skip
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "learning")
