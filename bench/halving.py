@@ -4,8 +4,9 @@ full matrix is known, so every selector's choice can be checked against full eva
 Pools (each a full (C, I) success matrix; a selector sees only the cells it asks for):
 - real: data/eval/matrix.parquet of runs that evaluated every checkpoint on every task
   (`--matrices`; default: the orchestration bench's seeds under .rollwise/bench/ and the series
-  `--make-real N` builds there: N suites, each with the warm start's SFT checkpoints at every
-  eighth of its steps, evaluated on every held-out task by tasks/evaluate.py, method full).
+  `--make-real N` builds: N suites, each with the warm start's SFT checkpoints at every eighth
+  of its steps, evaluated on every held-out task by tasks/evaluate.py, method full; their
+  matrices are kept in bench/results/halving_pools/, so a later run reuses them).
 - fitted: outcome matrices drawn from a 2PL fit to each real matrix (its abilities and items).
 - simulated: checkpoint series, C candidates with abilities ~ N(0, spread), items from the priors
   of design.md §4 (spread 0.3: closely matched; 0.8: well separated).
@@ -29,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,12 +49,19 @@ from bench.provenance import STARTED_AT  # noqa: E402
 OUT = ROOT / "bench" / "results"
 
 
+# The real pools' matrices are kept with the results (36 KB each): building one costs ~15
+# minutes here, so a later run on another machine reuses them instead of rebuilding.
+POOLS = OUT / "halving_pools"
+
+
 def real_pools(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
     """Full matrices of pipeline runs: candidates x tasks, success as 0/1."""
     pools = []
     for p in paths:
         m = pd.read_parquet(p).pivot_table(index="candidate", columns="task_id", values="success")
-        pools.append((f"real:{p.parts[-4]}", m.dropna(axis=1).to_numpy(dtype=float)))
+        # a run's folder (its data/eval/matrix.parquet), or a kept pool's file name
+        name = p.parts[-4] if p.name == "matrix.parquet" else p.stem
+        pools.append((f"real:{name}", m.dropna(axis=1).to_numpy(dtype=float)))
     return pools
 
 
@@ -75,8 +84,9 @@ def make_real(folder: Path, seed: int) -> Path:
     from rollwise.train.warmstart import augment_suites, sft_warm_start, suite_tokenizer
     from tasks.evaluate import evaluate_candidates, user_candidates
 
-    if (folder / "data" / "eval" / "matrix.parquet").exists():
-        return folder / "data" / "eval" / "matrix.parquet"
+    kept = POOLS / f"{folder.name}.parquet"
+    if kept.exists():
+        return kept
     params = load_params(ROOT / "params.yaml", {"envs.seed": seed, "evaluate.method": "full"})
     generate_suite(params.envs, folder / "data" / "envs")
     suite = load_suite(folder / "data" / "envs")
@@ -95,7 +105,9 @@ def make_real(folder: Path, seed: int) -> Path:
     sft_warm_start(params, suite, on_step=save, base=(model, tok))  # the pipeline's SFT
     found = user_candidates({n: f"models/{n}" for n in names.values()}, folder)
     evaluate_candidates(params, folder, found, folder / "data" / "eval")
-    return folder / "data" / "eval" / "matrix.parquet"
+    POOLS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(folder / "data" / "eval" / "matrix.parquet", kept)
+    return kept
 
 
 def fitted_pools(real: list[tuple[str, np.ndarray]], per: int) -> list[tuple[str, np.ndarray]]:
@@ -205,12 +217,14 @@ def plot(per_method: dict[str, dict], ablation: dict[str, dict], path: Path) -> 
 def main() -> None:
     parser = argparse.ArgumentParser()
     real = sorted(ROOT.glob(".rollwise/bench/**/seed_*/data/eval/matrix.parquet"))
+    real = [p for p in real if "halving_pools" not in p.parts] + sorted(POOLS.glob("*.parquet"))
     parser.add_argument("--matrices", type=Path, nargs="*", default=real)
     parser.add_argument("--make-real", type=int, default=0, metavar="N",
                         help="first build N real pools (seeds 0..N-1)")  # fmt: skip
     parser.add_argument("--sims", type=int, default=100)
     parser.add_argument("--fitted-per-real", type=int, default=4)
     parser.add_argument("--budget-frac", type=float, default=EvaluateConfig().budget_frac)
+    parser.add_argument("--out", type=Path, default=OUT / "halving.json")
     args = parser.parse_args()
     t0 = time.perf_counter()
     made = [make_real(ROOT / ".rollwise" / "bench" / "halving_pools" / f"seed_{s}", s)
@@ -242,7 +256,7 @@ def main() -> None:
             ("these knobs, cap 0.4", knobs, 0.4),
         ]
     }  # fmt: skip
-    plot(per_method, ablation, OUT / "halving.png")
+    plot(per_method, ablation, args.out.with_suffix(".png"))
     real_rows = groups.get("real", {}).get("halving", [])  # the real pools alone (issue 42)
     real_fig = aggregate(real_rows) if real_rows else {}
     result = {
@@ -270,10 +284,10 @@ def main() -> None:
         "pool_shapes": {name: list(y.shape) for name, y in pools},
         "budget_frac": args.budget_frac,
         "knobs": knobs.__dict__,
-        "plot": "bench/results/halving.png",
+        "plot": os.path.relpath(args.out.with_suffix(".png"), ROOT),
         "wall_s": time.perf_counter() - t0,
     }
-    (OUT / "halving.json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("cells_fraction", "winner_agreement", "baselines")}))
 
 
