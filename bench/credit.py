@@ -61,17 +61,8 @@ from bench.common import (  # noqa: E402
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from bench.unseen import guard_suite, unseen_suite, unseen_tasks  # noqa: E402
-from rollwise.config import (  # noqa: E402
-    BaseEstimator,  # noqa: E402
-    apply_overrides,
-    read_raw,
-    validate,
-)
+from rollwise.config import BaseEstimator, apply_overrides, read_raw, validate  # noqa: E402
 from rollwise.credit import ESTIMATORS  # noqa: E402
-
-# The value panels score the estimators of an episode's turns: opd, opdvr and farca add token
-# terms that need a teacher or fact checks, cosir needs team episodes (their own benches).
-VALUE_METHODS = typing.get_args(BaseEstimator)
 from rollwise.credit.concal import calibrated_returns  # noqa: E402
 from rollwise.credit.diagnostics import ToyChain, reference_q, value_report  # noqa: E402
 from rollwise.credit.gigpo import combine, step_returns  # noqa: E402
@@ -88,6 +79,9 @@ from rollwise.types import STEP_COLUMNS, ToolCall  # noqa: E402
 ARMS = ("grpo", "gigpo", "concal", "iapo", "spo", "spo_pp")  # the learning arms
 SINGLE_STREAM = {"spo", "spo_pp"}
 LONG_KINDS = {"status", "amount", "cancel"}  # 3 dependent calls, then the answer
+# The value panels score the estimators of an episode's turns: opd, opdvr and farca add token
+# terms that need a teacher or fact checks, cosir needs team episodes (their own benches).
+VALUE_METHODS = typing.get_args(BaseEstimator)
 REPLAY = {"calls": 0, "mismatches": 0}  # replayed calls whose observation differed (should be 0)
 
 

@@ -94,12 +94,18 @@ def unseen_envs(suite) -> set[str]:
     return set(cat["env_id"]) - trained
 
 
-def heldout(model, tok, suite, p, n: int) -> pd.DataFrame:
-    """Greedy episodes on the first `n` held-out tasks (evaluate/full.py's stable order)."""
+def heldout_episodes(model, tok, suite, p, n: int) -> pd.DataFrame:
+    """Greedy episodes on the first `n` held-out tasks (evaluate/full.py's stable order), every
+    column the rollout engine writes."""
     tasks = evaluation_tasks(suite, "heldout", n)
     limits = Limits(max_context=p.policy.max_context, max_turns=p.evaluate.max_turns,
                     max_new_tokens=p.evaluate.max_new_tokens, greedy=True)  # fmt: skip
-    episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
+    return evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
+
+
+def heldout(model, tok, suite, p, n: int) -> pd.DataFrame:
+    """heldout_episodes' task, environment and success (as a float) only."""
+    episodes = heldout_episodes(model, tok, suite, p, n)
     return episodes[["task_id", "env_id", "success"]].assign(success=lambda e: e.success * 1.0)
 
 

@@ -35,7 +35,7 @@ from bench.common import (  # noqa: E402
     suite_at,
     warm_start_folder,
 )
-from bench.learning import RECIPES  # noqa: E402
+from bench.learning import RECIPES, heldout_episodes  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "real_model.json"
@@ -48,15 +48,8 @@ def peak_rss_gb() -> float:
 
 def greedy(model, tok, suite, p, n: int) -> dict:
     """Greedy held-out success on the first `n` tasks and the generation speed it ran at."""
-    from rollwise.evaluate.full import evaluate_policy, evaluation_tasks
-    from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.engine import Limits
-
-    tasks = evaluation_tasks(suite, "heldout", n)
-    limits = Limits(max_context=p.policy.max_context, max_turns=p.evaluate.max_turns,
-                    max_new_tokens=p.evaluate.max_new_tokens, greedy=True)  # fmt: skip
     t0 = time.perf_counter()
-    ep = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
+    ep = heldout_episodes(model, tok, suite, p, n)
     wall = time.perf_counter() - t0
     tokens = int(ep["generated_tokens"].sum())
     return {"success": float(ep["success"].mean()), "tasks": len(ep),
@@ -116,7 +109,6 @@ def measure(name: str, args) -> dict:
         print(json.dumps({name: rounds[-1]}), flush=True)
         mark = time.perf_counter()
 
-    torch.set_num_threads(args.threads)
     model, _ = loop.run_rounds(p, suite, model, tok, args.rounds, on_round=on_round)
     out["rl"] = {"rounds": rounds, **greedy(model, tok, suite, p, args.eval_tasks)}
     out["peak_rss_gb"] = peak_rss_gb()
