@@ -60,8 +60,10 @@ from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import Limits  # noqa: E402
 
 # The recipes this bench knows, as params overrides. smollm2: the measurement of the issue
-# (20 SFT steps of batch 4 at lr 2e-4, then rounds of 16 fresh tasks x 4 samples at T 0.7,
-# success reward, lr 2e-5, one epoch of two minibatches, full fine-tuning).
+# (20 AdamW SFT steps of batch 4 at lr 2e-4 on the suite's own demos, then rounds of 16 fresh
+# tasks x 4 samples at T 0.7, success reward, lr 2e-5 from the first step, one epoch of two
+# minibatches, full fine-tuning). The warm-start keys are spelled out: params.yaml's tiny-model
+# choices (Muon at 0.02, weight decay 0.1, four augment suites) would otherwise apply to it.
 RECIPES = {
     "smollm2": {
         "policy.model": "SmolLM2-135M-Instruct",
@@ -70,6 +72,10 @@ RECIPES = {
         "warmstart.steps": 20,
         "warmstart.batch_size": 4,
         "warmstart.lr": 2e-4,
+        "warmstart.optimizer": "adamw",
+        "warmstart.weight_decay": 0.0,
+        "warmstart.augment_suites": 0,
+        "train.warmup_steps": 0,
         "schedule.tasks_per_round": 16,
         "rollout.samples_per_task": 4,
         "rollout.temperature": 0.7,
