@@ -19,7 +19,7 @@ candidate on the same random items). Figures per selector: cells_fraction (cells
 winner_agreement (the winner is full evaluation's winner or within 1 point of its full success),
 winner_exact, regret_pts (full success of full's winner minus the chosen one's, points).
 
-    .venv/bin/python bench/halving.py [--make-real 1] [--sims 100] [--budget-frac 0.6]
+    .venv/bin/python bench/halving.py [--make-real 1] [--sims 100] [--budget-frac 0.6] [--alpha 0.1]
 
 The simulated pools use seeds 0..sims-1; the knobs were chosen on other seeds (1000..1199).
 """
@@ -224,6 +224,8 @@ def main() -> None:
     parser.add_argument("--sims", type=int, default=100)
     parser.add_argument("--fitted-per-real", type=int, default=4)
     parser.add_argument("--budget-frac", type=float, default=EvaluateConfig().budget_frac)
+    parser.add_argument("--alpha", type=float, default=EvaluateConfig().halving.alpha,
+                        help="the keep test's level (params evaluate.halving.alpha)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT / "halving.json")
     args = parser.parse_args()
     t0 = time.perf_counter()
@@ -231,7 +233,7 @@ def main() -> None:
             for s in range(args.make_real)]  # fmt: skip
     real = real_pools(sorted({*args.matrices, *made}))
     pools = real + fitted_pools(real, args.fitted_per_real) + simulated_pools(args.sims)
-    knobs = HalvingKnobs(**EvaluateConfig().halving.model_dump())
+    knobs = HalvingKnobs(**{**EvaluateConfig().halving.model_dump(), "alpha": args.alpha})
     rows: dict[str, list[dict]] = {"halving": [], "unpaired_halving": [], "random_subsample": []}
     groups: dict[str, dict[str, list[dict]]] = {}
     for i, (name, y) in enumerate(pools):
