@@ -25,3 +25,16 @@ def test_real_pools_from_a_run_folder_and_from_a_kept_file(tmp_path):
     assert (name_run, name_kept) == ("real:seed_3", "real:seed_7")
     assert y_run.tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]  # candidates a, b
     assert y_kept.shape == (2, 2)  # b's t2 never ran: that task is dropped for both
+
+
+def test_a_pools_figures_are_averaged_over_its_item_orders():
+    from bench.halving import aggregate, mean_score
+
+    orders = [{"cells_fraction": 0.3, "winner_agreement": True, "winner_exact": True,
+               "regret_pts": 0.0},
+              {"cells_fraction": 0.5, "winner_agreement": False, "winner_exact": False,
+               "regret_pts": 2.0}]  # fmt: skip
+    pool = mean_score(orders)
+    assert pool["cells_fraction"] == 0.4 and pool["winner_agreement"] == 0.5
+    assert pool["cells_fraction_max"] == 0.5 and pool["regret_pts"] == 1.0
+    assert aggregate([pool, mean_score(orders[:1])])["cells_fraction_max"] == 0.5

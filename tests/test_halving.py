@@ -87,7 +87,7 @@ def test_one_dominant_candidate_stops_after_the_warm_up():
     thetas = np.array([-1.0, -1.0, -1.0, -1.0, 3.0])
     y = simulate(3, thetas, 400)
     sel, _ = run(y, warmup_frac=0.1)
-    assert sel.winner == "c4" and sel.stopped == "leader beats every survivor"
+    assert sel.winner == "c4" and sel.stopped == "no survivor beats the leader"
     assert sel.cells_used == 5 * 40 and {c.rung for c in sel.cells} == {0}
 
 
@@ -116,15 +116,37 @@ def test_params_yaml_names_a_bad_evaluate_key(tmp_path):
         load_params(tmp_path / "params.yaml")
 
 
-def test_the_stop_needs_stronger_evidence_than_the_guard():
-    """c0 beats c1 on 6 discordant items of 7 (sign test p = 8/128 = 0.0625): enough to drop
-    c1 at alpha 0.1, not enough to stop the search at stop_alpha 0.05."""
-    y = np.array([[1, 1, 1, 1, 1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 0, 1, 1, 0, 1]], dtype=float)
-    loose, _ = run(y, warmup_frac=1.0, stop_alpha=0.2)
-    strict, _ = run(y, warmup_frac=1.0)
-    assert loose.stopped == "leader beats every survivor"
-    assert strict.stopped == "items exhausted" and strict.winner == loose.winner == "c0"
-    assert HalvingKnobs().stop_alpha < HalvingKnobs().alpha
+def test_tied_finalists_stop_inside_the_tolerance_instead_of_running_every_item():
+    """Two identical checkpoints (a plateau's tie) and four far worse: no test can show a win
+    between the two, so with tolerance 0 they run every item; with one point, the search stops
+    once neither can beat the other by a point on full evaluation, and ships one of them."""
+    y = simulate(6, np.array([-2.0, -2.0, -2.0, -2.0, 1.0, 1.0]), 400)
+    y[5] = y[4]  # an exact tie
+    strict, _ = run(y, tolerance=0.0)
+    loose, _ = run(y)
+    assert strict.stopped == "items exhausted" and strict.winner in {"c4", "c5"}
+    assert loose.stopped == "no survivor beats the leader" and loose.winner in {"c4", "c5"}
+    assert loose.cells_used < 0.75 * strict.cells_used
+
+
+def test_the_stop_test_is_exact_once_every_item_ran_and_sharper_as_items_run_out():
+    """Full evaluation's matrix is the target, so the paired test's standard error carries the
+    finite-population correction: the same differences are stronger evidence on 90 of 100
+    items than on 90 of 10,000, and on all items the difference is simply known."""
+    from rollwise.evaluate.halving import CellLog, beats_leader_p
+
+    y = np.array([[1.0] * 60 + [0.0] * 40, [1.0] * 55 + [0.0] * 45])  # c0 leads by 5 points
+    log = CellLog(lambda c, its: [y[int(c[1:]), int(it[1:])] for it in its])
+    items = [f"t{j}" for j in range(100)]
+    for c in ("c0", "c1"):
+        log.run(c, items, rung=0)
+    part = items[:90]  # every item of c0's lead among them
+    few_left = beats_leader_p(log, "c0", "c1", part, 100, 0.0)
+    many_left = beats_leader_p(log, "c0", "c1", part, 10_000, 0.0)
+    assert few_left < many_left < 0.5
+    assert beats_leader_p(log, "c0", "c1", items, 100, 0.0) == 0.0  # known: c1 does not win
+    assert beats_leader_p(log, "c1", "c0", items, 100, 0.01) == 1.0  # known: c0 wins by 5
+    assert HalvingKnobs().stop_alpha < HalvingKnobs().alpha  # stopping is final: stronger evidence
 
 
 def test_one_candidate_is_measured_on_every_item():

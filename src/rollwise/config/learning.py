@@ -265,7 +265,16 @@ class HalvingConfig(Section):
         0.1, gt=0, lt=1, description="A paired test at this level keeps a close candidate."
     )
     stop_alpha: float = Field(
-        0.05, gt=0, lt=1, description="Stop early when the leader beats all at this level."
+        0.02,
+        gt=0,
+        lt=1,
+        description="Stop once, at this level, no survivor can beat the leader by `tolerance`.",
+    )
+    tolerance: float = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="A difference in success not worth more cells (0.01: one point of tasks).",
     )
     seed: int = Field(0, description=SEED)
 

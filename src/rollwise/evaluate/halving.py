@@ -4,16 +4,20 @@ SELECTORS holds the two ways: `full` (every candidate on every item) and `halvin
 successive halving (design.md §4): all candidates run a warm-up core of items; a 2PL model is fit
 on every cell run so far; each rung keeps the top 1/eta by ability plus any candidate a paired
 sign test cannot separate from the leader, then every survivor runs the same most informative
-unused items (sum over survivors of a^2 p (1 - p)); it stops when the leader beats every other
-survivor, when the items or the budget run out.
+unused items (sum over survivors of a^2 p (1 - p)); it stops when no other survivor can beat the
+leader by more than `tolerance` on full evaluation, when the items or the budget run out.
 
 Two tests, two levels: keeping a candidate (`alpha`) only costs cells, stopping (`stop_alpha`,
-Bonferroni over the survivors) is final, so the stop needs the stronger evidence. With one level
-(0.2 for both) and a cap of 0.4, bench/halving.py traced its misses to: the true best dropped in
-an early rung by a sign test on 30-75 items; the cap ending the search while near-tied finalists
-had shared only half the items; and false early stops. The budget is a cap per selection (params
-`evaluate.budget_frac`, 0.6): clear pools stop long before it, so the mean spent stays under 0.4
-while close ones can finish their finalists (bench/results/halving.json, `ablation`).
+Bonferroni over the survivors) is final, so the stop needs the stronger evidence. The stop is an
+indifference zone (Bechhofer's): a strict win cannot be shown between checkpoints that tie, and
+real checkpoint series end on a plateau of near-ties (bench/results/halving_pools/: the last 3-4
+within a point or two), so a stop that waits for a win ran them on every item. Its target is full
+evaluation's matrix, so the standard error carries the finite-population correction (0 once every
+item ran). With one level (0.2 for both) and a cap of 0.4, bench/halving.py traced the misses
+to: the true best dropped in an early rung by a sign test on 30-75 items; the cap ending the
+search while near-tied finalists had shared only half the items; and false early stops. The
+budget is a cap per selection (params `evaluate.budget_frac`, 0.6): clear pools stop long before
+it, close ones can finish their finalists (bench/results/halving.json, `ablation`).
 
 Departures from design.md §3/§4, on purpose:
 - `run_cells(candidate, items) -> outcomes` runs one candidate on a list of items (one episode
@@ -31,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.stats import binom
+from scipy.stats import binom, norm
 
 from rollwise.evaluate.irt import fit_2pl, fit_theta, information
 
@@ -46,7 +50,9 @@ class HalvingKnobs:
     round_frac: float = 0.05  # share of the items rung 1 adds; each later rung adds eta times more
     eta: int = 2  # keep the top 1/eta each rung
     alpha: float = 0.1  # one-sided paired sign test vs the leader: at or above it, kept
-    stop_alpha: float = 0.05  # the leader must beat every survivor below stop_alpha / survivors
+    stop_alpha: float = 0.02  # stop once "c beats the leader by tolerance" is rejected for every
+    #                           survivor c below stop_alpha / survivors
+    tolerance: float = 0.01  # a success difference not worth more cells (0.01: one point)
     seed: int = 0  # order of the core and of ties among items with equal information
 
 
@@ -116,6 +122,22 @@ def paired_p(log: CellLog, leader: str, other: str, items: list[str]) -> float:
     return float(binom.sf(wins - 1, wins + losses, 0.5)) if wins + losses else 1.0
 
 
+def beats_leader_p(
+    log: CellLog, leader: str, other: str, items: list[str], n_items: int, tolerance: float
+) -> float:
+    """One-sided p-value of "`other`'s full-evaluation success beats `leader`'s by `tolerance` or
+    more", from the paired differences on the items both ran: a normal test whose standard error
+    carries the finite-population correction, since the target is the mean over all `n_items`
+    (at least one discordant item's worth of variance, so a short run of ties proves nothing)."""
+    d = np.array([log.outcome[other, it] - log.outcome[leader, it] for it in items])  # (I,)
+    n = len(d)
+    var = max(float(d.var(ddof=1)) if n > 1 else 1.0, 1.0 / n)
+    se = math.sqrt(var / n * (n_items - n) / max(n_items - 1, 1))
+    if se == 0.0:  # every item ran: the difference is known
+        return 0.0 if d.mean() < tolerance else 1.0
+    return float(norm.cdf((d.mean() - tolerance) / se))
+
+
 def full(
     candidates: list[str], items: list[str], run_cells: RunCells, budget: int | None,
     knobs: HalvingKnobs,
@@ -154,10 +176,11 @@ def halving(
         theta = dict(zip(candidates, fit.theta, strict=True))
         survivors.sort(key=lambda c: -theta[c])  # stable: ties keep candidate order
         leader = survivors[0]
-        p = {c: paired_p(log, leader, c, used) for c in survivors[1:]}
-        if all(v < knobs.stop_alpha / len(p) for v in p.values()):  # Bonferroni: beats them all
-            stopped = "leader beats every survivor" if len(survivors) > 1 else "one survivor"
+        q = {c: beats_leader_p(log, leader, c, used, n_i, knobs.tolerance) for c in survivors[1:]}
+        if all(v < knobs.stop_alpha / len(q) for v in q.values()):  # Bonferroni over survivors
+            stopped = "no survivor beats the leader" if len(survivors) > 1 else "one survivor"
             break
+        p = {c: paired_p(log, leader, c, used) for c in survivors[1:]}
         top = math.ceil(len(survivors) / knobs.eta)
         survivors = survivors[:top] + [c for c in survivors[top:] if p[c] >= knobs.alpha]
         seen = set(used)
