@@ -779,3 +779,19 @@ def test_adam_eps_damps_the_step_of_weights_with_tiny_gradients():
     assert moved[1e-4][1] < 0.05 * moved[1e-4][0]  # damped: it moves ~1% of the big one's step
     muon = make_optimizer(fresh_model()[0], TrainConfig(optimizer="muon", adam_eps=1e-4))
     assert [g["eps"] for g in muon.parts["adamw"].param_groups] == [1e-4]
+
+
+def test_balanced_draw_gives_every_kind_its_turn_whatever_the_mix():
+    """warmstart.balance_kinds: 90 demos of one kind and 10 of another are drawn 50/50, every
+    pass over the kinds names each once, and the draw is seeded."""
+    import random
+
+    from rollwise.train.sft import balanced_draw
+
+    strata = ["amount"] * 90 + ["count"] * 10
+    picks = balanced_draw(strata, random.Random(0))(100)
+    kinds = [strata[i] for i in picks]
+    assert kinds.count("count") == kinds.count("amount") == 50
+    assert all(set(kinds[k : k + 2]) == {"amount", "count"} for k in range(0, 100, 2))
+    assert picks == balanced_draw(strata, random.Random(0))(100)
+    assert len({i for i in picks if strata[i] == "count"}) > 5  # members drawn at random

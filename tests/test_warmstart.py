@@ -97,3 +97,19 @@ def test_a_suite_with_no_train_task_fails_naming_why(tmp_path):
     generate_suite(params.envs, tmp_path / "main")
     with pytest.raises(ValueError, match="no train task"):
         sft_warm_start(params, load_suite(tmp_path / "main"))
+
+
+def test_each_demo_carries_its_task_kind_for_the_balanced_draw(tmp_path):
+    """warmstart.balance_kinds draws by the kinds demos_with_kinds reports: one per demo, the
+    task's own kind, "direct" for a guessed answer; and the demos are demos()'s exactly."""
+    from rollwise.train.warmstart import demos, demos_with_kinds
+
+    params = validate({"envs": SMALL})
+    generate_suite(params.envs, tmp_path / "s")
+    suite = load_suite(tmp_path / "s")
+    tok = suite_tokenizer(suite)
+    seqs, kinds = demos_with_kinds([suite], tok, 0.5, seed=0)
+    train = suite.split("train")
+    assert len(seqs) == len(kinds) == len(train) and seqs == demos([suite], tok, 0.5, 0)
+    assert {"direct"} < set(kinds) <= {"direct", *(t.kind for t in train)}
+    assert all(k in ("direct", t.kind) for k, t in zip(kinds, train, strict=True))

@@ -172,6 +172,11 @@ class WarmstartConfig(Section):
         "called: the guessing habit of a chat model, which RL's reward has to replace with "
         "lookups. 0: oracle demos only.",
     )
+    balance_kinds: bool = Field(
+        False,
+        description="Draw SFT batches round-robin over task kinds, so a short warm start's few "
+        "demos teach every kind's procedure about equally; false: uniform over the demos.",
+    )
     stop_at_success: float | None = Field(
         None,
         gt=0,

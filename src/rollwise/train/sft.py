@@ -59,6 +59,26 @@ def direct_sequence(task: Task, env, tokenizer, answer: str) -> tuple[list[int],
     return prompt + piece, [0] * len(prompt) + [1] * len(piece)
 
 
+def balanced_draw(strata: list[str], rng) -> Callable[[int], list[int]]:
+    """draw(n): n sequence indices, one per stratum in turn (a shuffled cycle over the strata,
+    reshuffled each pass), each a random member of its stratum: a short SFT's few demos then
+    cover every task kind about equally, whatever the suite's mix of kinds."""
+    members: dict[str, list[int]] = {}
+    for i, s in enumerate(strata):
+        members.setdefault(s, []).append(i)
+    order: list[str] = []
+
+    def draw(n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            if not order:
+                order.extend(rng.sample(sorted(members), len(members)))
+            out.append(rng.choice(members[order.pop()]))
+        return out
+
+    return draw
+
+
 def pad_batch(seqs: list[tuple[list[int], list[int]]], pad_id: int):
     """Right-padded [B, T] ids, attention mask and loss mask."""
     width = max(len(ids) for ids, _ in seqs)
@@ -89,10 +109,12 @@ def sft(
     pad_id: int,
     on_step: Callable[[int, float], None] | None = None,
     stop: Callable[[int], bool] | None = None,
+    strata: list[str] | None = None,
 ) -> list[float]:
     """Masked next-token cross-entropy, AdamW (or Muon + AdamW) with warmup and cosine decay
     over cfg.steps; returns losses. `stop(step)` after a step ends training early when true (the
-    warm start's check of validation success); it must leave the model in train mode."""
+    warm start's check of validation success); it must leave the model in train mode. With
+    cfg.balance_kinds and `strata` (each sequence's task kind), batches cycle through the kinds."""
     if cfg.steps == 0:  # steps: 0 is "no warm start": the built model as it is
         model.eval()
         return []
@@ -107,8 +129,11 @@ def sft(
     scheds = [torch.optim.lr_scheduler.LambdaLR(part, lr_scale) for part in opt.parts.values()]
     model.train()
     losses = []
+    draw = balanced_draw(strata, rng) if cfg.balance_kinds and strata else None
     for step in range(cfg.steps):
-        ids, attn, loss_mask = pad_batch(rng.sample(seqs, min(cfg.batch_size, len(seqs))), pad_id)
+        size = min(cfg.batch_size, len(seqs))
+        batch = [seqs[i] for i in draw(size)] if draw else rng.sample(seqs, size)
+        ids, attn, loss_mask = pad_batch(batch, pad_id)
         loss = masked_nll(model, ids, attn, loss_mask)
         opt.zero_grad()
         loss.backward()

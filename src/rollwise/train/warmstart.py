@@ -41,7 +41,7 @@ def sft_warm_start(
             model = build_model(tokenizer, params.policy)
         else:  # a pretrained model's own tokenizer reads every word
             model, tokenizer = base
-        train = demos(demo_suites, tokenizer, w.direct_answer_share, w.seed)
+        train, kinds = demos_with_kinds(demo_suites, tokenizer, w.direct_answer_share, w.seed)
         if not train and w.steps:
             raise ValueError(
                 "warm start: the suite has no train task to demonstrate (every environment "
@@ -50,7 +50,7 @@ def sft_warm_start(
         stop = None
         if validation is not None:
             stop = success_check(model, tokenizer, validation, params, checks)
-        losses = sft(model, train, w, tokenizer.pad_token_id, on_step, stop)
+        losses = sft(model, train, w, tokenizer.pad_token_id, on_step, stop, strata=kinds)
     return model, tokenizer, losses, len(train)
 
 
@@ -58,12 +58,20 @@ def demos(suites: list[Suite], tokenizer, direct_share: float, seed: int) -> lis
     """The SFT sequences: every train task's oracle trajectory, except a seeded `direct_share`
     of them answered at once with another task's answer (the tool-free habit of a chat model
     that guesses instead of looking up: what agentic RL has to unlearn)."""
+    return demos_with_kinds(suites, tokenizer, direct_share, seed)[0]
+
+
+def demos_with_kinds(
+    suites: list[Suite], tokenizer, direct_share: float, seed: int
+) -> tuple[list[tuple], list[str]]:
+    """demos() and each one's task kind ("direct" for a guessed answer): the strata a balanced
+    SFT draw cycles through (warmstart.balance_kinds)."""
     import random
 
     from rollwise.train.sft import direct_sequence, oracle_sequence
 
     rng = random.Random(seed)
-    out = []
+    out, kinds = [], []
     for s in suites:
         tasks = s.split("train")
         for t in tasks:
@@ -72,9 +80,11 @@ def demos(suites: list[Suite], tokenizer, direct_share: float, seed: int) -> lis
                 wrong = [o.answer for o in rng.sample(tasks, min(8, len(tasks)))]
                 wrong = [a for a in wrong if a != t.answer] or ["unknown"]
                 out.append(direct_sequence(t, env, tokenizer, wrong[0]))
+                kinds.append("direct")
             else:
                 out.append(oracle_sequence(t, env, tokenizer))
-    return out
+                kinds.append(t.kind)
+    return out, kinds
 
 
 def success_check(model, tokenizer, suite: Suite, params: Params, checks: list[dict] | None):
