@@ -10,9 +10,9 @@ through the same trainer (bench/common.py run_oracle_rounds): the supervised sig
 episodes are compared against, `rl_vs_oracle_control_ratio`. `--control sft`: instead the warm
 start's own SFT continued on as many demos a round (run_sft_control): the update's cost.
 `--spread-seeds`: more seeds whose warm start is only built and evaluated
-(`warmstart_spread_pts` over all seeds). `--headroom K`: the warm start's pass@K at the rollout
-temperature minus its greedy success on the same tasks, the most sharpening can add
-(`warmstart_headroom_pts_median`).
+(`warmstart_spread_pts` over all seeds; `--seeds` with no seed: those alone). `--headroom K`:
+the warm start's pass@K at the rollout temperature minus its greedy success on the same tasks,
+the most sharpening can add (`warmstart_headroom_pts_median`).
 
 Held-out success is split into the suite's held-out tasks in trained environments and those in
 environments no stage trained on (`unseen`). A seed's gain carries a 95% interval over its
@@ -237,9 +237,9 @@ def summarize(runs: list[dict], args, overrides: dict, spread: dict | None = Non
         "overrides": overrides,
         "heldout_gain_pts_median": med([r["heldout"]["gain_pts"] for r in runs]),
         "unseen_gain_pts_median": med([r["unseen"]["gain_pts"] for r in runs]),
-        "every_seed_interval_excludes_0": all(r["heldout"]["lo"] > 0 for r in runs),
+        "every_seed_interval_excludes_0": bool(runs) and all(r["heldout"]["lo"] > 0 for r in runs),
         "partial": any(r["partial"] for r in runs),
-        "worst_round_drop_pts": max(r["worst_round_drop_pts"] for r in runs),
+        "worst_round_drop_pts": max((r["worst_round_drop_pts"] for r in runs), default=None),
         "wall_s_per_seed": med([r["wall_s"] for r in runs]),
         "control_gain_pts_median": med(control),
         "rl_vs_oracle_control_ratio": (
@@ -289,7 +289,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
     parser.add_argument("--recipe", choices=list(RECIPES), default="smollm2")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2],
+                        help="seeds through RL (none: spread seeds only)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=64)

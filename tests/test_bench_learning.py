@@ -32,3 +32,19 @@ def test_rounds_sft_control_and_headroom(tmp_path, monkeypatch):
     assert room["gap_pts"] == pytest.approx(100 * (room["pass_at_k"] - run["warmstart_success"]))
     assert result["warmstart_headroom_pts_median"] == pytest.approx(room["gap_pts"])
     assert out.with_suffix(".png").exists() and not result["partial"]
+
+
+def test_warm_starts_alone_with_no_rl_seed(tmp_path, monkeypatch):
+    """`--seeds` with no seed: only the spread seeds' warm starts, built and evaluated; no RL
+    figure is invented for them."""
+    out = tmp_path / "spread.json"
+    argv = ["learning.py", *SMALL, "warmstart.balance_kinds=true", "--recipe", "tiny", "--seeds",
+            "--spread-seeds", "0", "1", "--eval-tasks", "4", "--threads", "1",
+            "--cache", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    learning.main()
+    result = json.loads(out.read_text())
+    assert result["runs"] == [] and set(result["warmstart_success_by_seed"]) == {"0", "1"}
+    assert result["heldout_gain_pts_median"] is None and result["worst_round_drop_pts"] is None
+    assert not result["every_seed_interval_excludes_0"]
+    assert result["overrides"]["warmstart.balance_kinds"] in (True, "true")
