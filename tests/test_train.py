@@ -795,3 +795,32 @@ def test_balanced_draw_gives_every_kind_its_turn_whatever_the_mix():
     assert all(set(kinds[k : k + 2]) == {"amount", "count"} for k in range(0, 100, 2))
     assert picks == balanced_draw(strata, random.Random(0))(100)
     assert len({i for i in picks if strata[i] == "count"}) > 5  # members drawn at random
+
+
+def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(model_and_pad):
+    """micro_batches groups a minibatch by prompt; masked_logprobs then runs the group's prompt
+    once and repeats its keys and values: the log-probs, entropies and gradients are those of
+    one full pass per row."""
+    from rollwise.train.trainer import masked_logprobs, micro_batches, tensors
+
+    model, pad = model_and_pad
+    items = synthetic_items([9, 12, 10, 7, 11])
+    for it in items[:3]:
+        it["ids"][:4] = [7, 8, 9, 10]  # one task's prompt (mask 0 on its 4 tokens)
+    pieces = micro_batches(items, size=2)
+    assert [(len(p), prefix) for p, prefix in pieces] == [(2, 4), (1, 0), (1, 0), (1, 0)]
+    assert [it["ids"][0] for it in pieces[0][0]] == [7, 7] and pieces[1][0][0] is items[2]
+    ids, attn, mask, *_ = tensors(items[:3], pad)  # [B, T] / [B, T-1]
+    runs = []
+    for prefix in (0, 4):
+        model.zero_grad()
+        logp, entropy = masked_logprobs(model, ids, attn, mask, TrainConfig(), 0.7, prefix)
+        (logp.sum() + entropy.sum()).backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        runs.append((logp.detach(), entropy.detach(), grads))
+    (lp0, e0, g0), (lp1, e1, g1) = runs
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(e1, e0, atol=1e-5, rtol=1e-5)
+    assert len(g0) == len(g1) > 0
+    for a, b in zip(g0, g1, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)

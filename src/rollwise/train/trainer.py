@@ -95,26 +95,64 @@ def step_plan(n_items: int, cfg) -> list[list[int]]:
 PLAIN_HEAD = {"qwen2", "qwen3", "llama", "mistral"}
 
 
-def masked_logprobs(model, ids, attn, mask, cfg, temperature: float):
+def masked_logprobs(model, ids, attn, mask, cfg, temperature: float, prefix: int = 0):
     """Log-prob of each next token and the policy's entropy there ([B, T-1] each, float32; bf16
     autocast on CUDA when cfg.bf16), at the temperature the rollout sampled with. Only the
     positions in `mask` (the policy's tokens) are computed and are meaningful; elsewhere 0. The
     head and softmax run on those positions alone (about a quarter of an episode's tokens) when
-    the architecture's head is plain, else on every position."""
+    the architecture's head is plain, else on every position. `prefix` > 0: every row starts
+    with the same `prefix` tokens (one task's prompt, micro_batches), run once."""
     where = mask.bool()  # [B, T-1]
     with autocast(cfg, ids.device):
         if getattr(model.config, "model_type", None) not in PLAIN_HEAD:
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1][where]  # [N, V]
         else:
-            out = model.get_decoder()(input_ids=ids, attention_mask=attn)
-            hidden = out.last_hidden_state[:, :-1][where]  # [N, H]
-            logits = model.get_output_embeddings()(hidden)  # [N, V]
+            if prefix and len(ids) > 1 and not getattr(model, "is_activation_checkpointing", False):
+                hidden = shared_prefix_hidden(model, ids, attn, prefix)  # [B, T, H]
+            else:
+                hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+            logits = model.get_output_embeddings()(hidden[:, :-1][where])  # [N, V]
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [N, V]
     picked = logp_all.gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)  # [N]
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # [N]
     logp = torch.zeros(where.shape, device=ids.device).masked_scatter(where, picked)  # [B, T-1]
     ent = torch.zeros(where.shape, device=ids.device).masked_scatter(where, entropy)  # [B, T-1]
     return logp, ent
+
+
+def shared_prefix_hidden(model, ids, attn, prefix: int):
+    """The decoder's last hidden states ([B, T, H]) of right-padded rows that share their first
+    `prefix` tokens: the prefix runs once and its keys and values are repeated for every row, so
+    a GRPO group's prompt (most of an episode's tokens) costs one row's compute, forward and
+    backward; the gradient reaches it through every row's use. Same numbers as one full pass."""
+    from transformers.cache_utils import DynamicCache
+
+    decoder = model.get_decoder()
+    cache = DynamicCache(config=model.config)
+    head = decoder(input_ids=ids[:1, :prefix], cache=cache, use_cache=True)
+    cache.batch_repeat_interleave(len(ids))
+    positions = torch.arange(prefix, ids.shape[1], device=ids.device).expand(len(ids), -1)
+    tail = decoder(input_ids=ids[:, prefix:], attention_mask=attn, cache=cache,
+                   position_ids=positions, use_cache=True)  # fmt: skip
+    shared = head.last_hidden_state.expand(len(ids), -1, -1)  # [B, P, H]
+    return torch.cat([shared, tail.last_hidden_state], dim=1)  # [B, T, H]
+
+
+def micro_batches(items: list[dict], size: int) -> list[tuple[list[dict], int]]:
+    """(items, shared prefix length) of each micro-batch: items grouped by prompt (the tokens
+    before their first policy token; one task's samples share it), each group cut into pieces of
+    at most `size`, so masked_logprobs runs a piece's prompt once. A piece of one item: 0.
+    Grouping reorders the micro-batches only: the step's loss is normalized by the whole chunk."""
+    groups: dict[tuple, list[dict]] = {}
+    for it in items:
+        first = it["mask"].index(1) if 1 in it["mask"] else len(it["ids"])
+        groups.setdefault(tuple(it["ids"][: max(first, 0)]), []).append(it)
+    out = []
+    for prompt, group in groups.items():
+        for lo in range(0, len(group), size):
+            piece = group[lo : lo + size]
+            out.append((piece, len(prompt) if len(piece) > 1 and 0 < len(prompt) else 0))
+    return out
 
 
 def on_device(batch: tuple, model) -> tuple:
@@ -126,13 +164,13 @@ def on_device(batch: tuple, model) -> tuple:
 @torch.no_grad()
 def policy_logprobs(model, items: list[dict], cfg, pad_id: int, temperature: float) -> list:
     """The model's log-prob of each policy token (0.0 elsewhere), aligned like the rollout's."""
-    out = []
-    for lo in range(0, len(items), cfg.micro_batch):
-        part = items[lo : lo + cfg.micro_batch]
+    found: dict[int, list[float]] = {}
+    for part, prefix in micro_batches(items, cfg.micro_batch):
         ids, attn, mask, *_ = on_device(tensors(part, pad_id), model)  # [B, T] / [B, T-1]
-        logp, _ = masked_logprobs(model, ids, attn, mask, cfg, temperature)  # [B, T-1]
-        out += [[0.0] + logp[i, : len(it["ids"]) - 1].tolist() for i, it in enumerate(part)]
-    return out
+        logp, _ = masked_logprobs(model, ids, attn, mask, cfg, temperature, prefix)  # [B, T-1]
+        for i, it in enumerate(part):
+            found[id(it)] = [0.0] + logp[i, : len(it["ids"]) - 1].tolist()
+    return [found[id(it)] for it in items]
 
 
 def train_round(
@@ -230,12 +268,10 @@ def optimizer_step(
     if cfg.tis_cap is not None:
         stats |= {"tis_weight": 0.0, "tis_capped": 0.0}
     optimizer.zero_grad()
-    mine = chunk[rank::size]
-    for lo in range(0, len(mine), cfg.micro_batch):
-        part = mine[lo : lo + cfg.micro_batch]
+    for part, prefix in micro_batches(chunk[rank::size], cfg.micro_batch):
         batch = on_device(tensors(part, pad_id), model)  # CPU -> the model's device
         ids, attn, mask, adv, old_logp, rollout_logp = batch  # [B,T] / [B,T-1]
-        logp, entropy = masked_logprobs(model, ids, attn, mask, cfg, temperature)  # [B, T-1]
+        logp, entropy = masked_logprobs(model, ids, attn, mask, cfg, temperature, prefix)  # [B,T-1]
         weights = None
         share = float(mask.sum()) / norm.tokens
         if cfg.tis_cap is not None:
@@ -249,7 +285,7 @@ def optimizer_step(
         )
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref_logp, _ = masked_logprobs(ref_model, ids, attn, mask, cfg, temperature)
+                ref_logp, _ = masked_logprobs(ref_model, ids, attn, mask, cfg, temperature, prefix)
             kl = kl_k3(logp, ref_logp, mask, norm, cfg.loss_agg)  # []
             loss = loss + cfg.kl_coef * kl
             stats["kl_ref"] += kl.item()
