@@ -810,6 +810,8 @@ def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(model_an
     pieces = micro_batches(items, size=2)
     assert [(len(p), prefix) for p, prefix in pieces] == [(2, 4), (1, 0), (1, 0), (1, 0)]
     assert [it["ids"][0] for it in pieces[0][0]] == [7, 7] and pieces[1][0][0] is items[2]
+    silent = {**items[0], "mask": [0] * len(items[0]["mask"])}  # no policy token: shares nothing
+    assert [prefix for _, prefix in micro_batches([silent, items[0], items[1]], 4)] == [0, 4]
     ids, attn, mask, *_ = tensors(items[:3], pad)  # [B, T] / [B, T-1]
     runs = []
     for prefix in (0, 4):

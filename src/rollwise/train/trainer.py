@@ -144,14 +144,16 @@ def micro_batches(items: list[dict], size: int) -> list[tuple[list[dict], int]]:
     at most `size`, so masked_logprobs runs a piece's prompt once. A piece of one item: 0.
     Grouping reorders the micro-batches only: the step's loss is normalized by the whole chunk."""
     groups: dict[tuple, list[dict]] = {}
-    for it in items:
-        first = it["mask"].index(1) if 1 in it["mask"] else len(it["ids"])
-        groups.setdefault(tuple(it["ids"][: max(first, 0)]), []).append(it)
+    for it in items:  # an item with no policy token (none reach training) shares nothing
+        first = it["mask"].index(1) if 1 in it["mask"] else None
+        key = ("own", id(it)) if first is None else tuple(it["ids"][:first])
+        groups.setdefault(key, []).append(it)
     out = []
     for prompt, group in groups.items():
+        shared = 0 if prompt[:1] == ("own",) else len(prompt)
         for lo in range(0, len(group), size):
             piece = group[lo : lo + size]
-            out.append((piece, len(prompt) if len(piece) > 1 and 0 < len(prompt) else 0))
+            out.append((piece, shared if len(piece) > 1 else 0))
     return out
 
 
