@@ -172,11 +172,12 @@ def run_sft_control(p: Params, suite: Suite, model, tok, rounds: int, n: int, on
     import tempfile
 
     from rollwise.train.sft import sft
-    from rollwise.train.warmstart import augment_suites, demos
+    from rollwise.train.warmstart import augment_suites, demos_with_kinds
 
     w = p.warmstart
     with tempfile.TemporaryDirectory() as scratch:
-        seqs = demos([suite, *augment_suites(p, Path(scratch))], tok, w.direct_answer_share, w.seed)
+        suites = [suite, *augment_suites(p, Path(scratch))]
+        seqs, kinds = demos_with_kinds(suites, tok, w.direct_answer_share, w.seed)
     per_round = max(1, n // w.batch_size)
     cfg = w.model_copy(update={"steps": rounds * per_round, "seed": w.seed + 1})
 
@@ -185,7 +186,7 @@ def run_sft_control(p: Params, suite: Suite, model, tok, rounds: int, n: int, on
             on_round((step + 1) // per_round, model)
             model.train()
 
-    sft(model, seqs, cfg, tok.pad_token_id, on_step=each)
+    sft(model, seqs, cfg, tok.pad_token_id, on_step=each, strata=kinds)  # the warm start's draw
     return model
 
 
