@@ -26,7 +26,13 @@ import torch
 
 from rollwise.config import PolicyConfig, RolloutConfig
 from rollwise.policy.backends import BACKENDS
-from rollwise.policy.hf import HFBackend, RowSampler, nucleus, sampling_logprobs
+from rollwise.policy.hf import (
+    HFBackend,
+    RowSampler,
+    nucleus,
+    sampling_logprobs,
+    shared_prefixes,
+)
 from rollwise.policy.vllm import (
     VLLMBackend,
     launch,
@@ -168,6 +174,36 @@ def test_seeds_repeat_samples_and_differ_between_seeds(subject):
     c = subject.backend.generate(batch, 16, 1.0, seed=[s + 100 for s in seeds])
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert [o.token_ids for o in a] != [o.token_ids for o in c]
+
+
+# ------------------------------------------------------------------------------ HF specifics
+
+
+def test_shared_prefixes_group_a_tasks_samples_and_keep_a_token_to_generate_from():
+    a, b = [1, 2, 3, 4, 5], [1, 2, 3, 9, 9, 9]
+    cuts = shared_prefixes([a, b, a, [7], a + [6, 6], b])
+    assert cuts[1] == cuts[5] == 5  # b's samples: all but b's last token
+    assert cuts[0] == cuts[2] == cuts[4] == 4  # a's (a continued turn too): all but a's last
+    assert cuts[3] == 0  # shares nothing
+    assert shared_prefixes([a]) == [0] and shared_prefixes([a, a]) == [4, 4]
+
+
+def test_shared_prefixes_generate_exactly_what_whole_prompts_do():
+    """A GRPO turn: each task's samples share its prompt, later turns add their own history,
+    and tasks share the tool listing. Prefilled once per group, the completions and log-probs
+    are those of every prompt prefilled whole."""
+    policy = scripted_policy()
+    base = prompts(policy, 3)
+    batch = [base[0], base[0], base[0] + [5, 6, 7], base[1], base[1] + [8] * 9, base[2], base[1]]
+    assert sum(c > 0 for c in shared_prefixes(batch)) >= 5, "nothing shared: nothing checked"
+    shared = HFBackend(policy.model, policy.tokenizer)
+    whole = HFBackend(policy.model, policy.tokenizer, share_prefixes=False)
+    seeds = list(range(len(batch)))
+    for kwargs in ({"greedy": True}, {"temperature": 1.2, "seed": seeds}):
+        got, want = shared.generate(batch, 12, **kwargs), whole.generate(batch, 12, **kwargs)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------ HTTP specifics

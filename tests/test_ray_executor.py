@@ -81,9 +81,9 @@ def test_an_episode_sample_does_not_depend_on_its_batch_mates(policy):
         for other in (batch[i], flipped[i]):
             assert alone.token_ids == other.token_ids, i
             assert alone.stopped == other.stopped
-            assert torch.allclose(
-                torch.tensor(alone.logprobs), torch.tensor(other.logprobs), atol=1e-5
-            )
+            assert torch.allclose(  # 1e-4: alone, a prompt shares no prefix (policy/hf.py),
+                torch.tensor(alone.logprobs), torch.tensor(other.logprobs), atol=1e-4
+            )  # so float32 sums its attention in another order
     reseeded = backend.generate(prompts, 16, 0.7, seed=[s + 1 for s in seeds])
     assert [c.token_ids for c in reseeded] != [c.token_ids for c in batch]  # the seed matters
 

@@ -13,6 +13,7 @@ score through `sampling_logprobs` too, or PPO's ratio starts below 1 on every to
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,6 +82,39 @@ class RowSampler(LogitsProcessor):
         return torch.full_like(scores, float("-inf")).scatter_(-1, pick, 0.0)  # [B, V]
 
 
+def shared_prefixes(prompts: list[list[int]]) -> list[int]:
+    """How many leading tokens of each prompt to prefill once for its group (0: none). GRPO's
+    samples of a task share their prompt, and tasks of one environment its tool listing; the
+    groups are contiguous runs of the sorted prompts, chosen to save the most prefill tokens,
+    (size - 1) x the run's common prefix, by dynamic programming over the runs. A cut stops one
+    token short of the prompt: the last token's logits start the generation."""
+    rows = len(prompts)
+    order = sorted(range(rows), key=lambda i: prompts[i])
+    common = []  # common[j]: shared leading tokens of order[j] and order[j + 1]
+    for a, b in itertools.pairwise(order):
+        x, y = prompts[a], prompts[b]
+        n, limit = 0, min(len(x), len(y)) - 1
+        while n < limit and x[n] == y[n]:
+            n += 1
+        common.append(n)
+    best, start, cut = [0] * (rows + 1), list(range(rows + 1)), [0] * (rows + 1)
+    for k in range(1, rows + 1):  # best[k]: the most saved by the first k sorted prompts
+        best[k], start[k], cut[k] = best[k - 1], k - 1, 0  # order[k - 1] alone
+        shared = None
+        for j in range(k - 2, -1, -1):  # the run order[j:k]
+            shared = common[j] if shared is None else min(shared, common[j])
+            if shared == 0:
+                break
+            if best[j] + (k - j - 1) * shared > best[k]:
+                best[k], start[k], cut[k] = best[j] + (k - j - 1) * shared, j, shared
+    cuts, k = [0] * rows, rows
+    while k > 0:
+        for j in range(start[k], k):
+            cuts[order[j]] = cut[k]
+        k = start[k]
+    return cuts
+
+
 def row_uniforms(seed: int | Sequence[int] | None, rows: int, steps: int) -> torch.Tensor:
     """[rows, steps] uniforms in [0, 1). A sequence gives one seed per row (batch-independent);
     an int seeds one generator for the whole batch; None uses torch's global RNG."""
@@ -95,12 +129,53 @@ def row_uniforms(seed: int | Sequence[int] | None, rows: int, steps: int) -> tor
 
 
 class HFBackend:
-    """`generate(prompts, ...)` over token-id prompts; left-padded, one batched call."""
+    """`generate(prompts, ...)` over token-id prompts: one batched call, each shared prefix (a
+    GRPO group's prompt, an environment's tool listing) prefilled once (`shared_prefixes`)."""
 
-    def __init__(self, model, tokenizer, stop_id: int | None = None):
+    def __init__(self, model, tokenizer, stop_id: int | None = None, share_prefixes: bool = True):
         self.model, self.tokenizer = model.eval(), tokenizer
         self.stop_id = tokenizer.eos_token_id if stop_id is None else stop_id
         self.pad_id = tokenizer.pad_token_id
+        self.share_prefixes = share_prefixes  # False: every prompt prefilled whole (the check)
+
+    def _layout(self, prompts: list[list[int]], cuts: list[int]):
+        """(ids, attention mask, cache) for generate. Without shared prefixes: left-padded
+        prompts, no cache. With them, each row is [pads][its group's prefix][pads][the rest]:
+        the prefix region's keys and values are computed once per group and copied to its rows,
+        the pads are masked, and positions count real tokens only (generate derives them from
+        the mask), so every row sees exactly its own prompt."""
+        rests = [p[c:] for p, c in zip(prompts, cuts, strict=True)]
+        width_p, width_r = max(cuts), max(map(len, rests))
+        rows = len(prompts)
+        ids = torch.full((rows, width_p + width_r), self.pad_id, dtype=torch.long)  # [B, P+R]
+        attention = torch.zeros_like(ids)  # [B, P+R]
+        for i, (p, c, rest) in enumerate(zip(prompts, cuts, rests, strict=True)):
+            ids[i, width_p - c : width_p] = torch.tensor(p[:c], dtype=torch.long)
+            ids[i, width_p + width_r - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention[i, width_p - c : width_p] = 1
+            attention[i, width_p + width_r - len(rest) :] = 1
+        if width_p == 0:
+            return ids, attention, None
+        groups: dict[tuple[int, ...], int] = {}  # a prefix -> its row in the prefix batch
+        for p, c in zip(prompts, cuts, strict=True):
+            groups.setdefault(tuple(p[:c]), len(groups))
+        which = torch.tensor([groups[tuple(p[:c])] for p, c in zip(prompts, cuts, strict=True)])
+        rep = [which.tolist().index(g) for g in range(len(groups))]  # a row of each group
+        pre_ids, pre_mask = ids[rep, :width_p], attention[rep, :width_p]  # [U, P]
+        positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]
+        device = self.model.device
+        out = self.model(
+            input_ids=pre_ids.to(device),
+            attention_mask=pre_mask.to(device),
+            position_ids=positions.to(device),
+            use_cache=True,
+        )
+        cache, keep = out.cache, pre_mask.to(device)[:, None, :, None]  # [U, 1, P, 1]
+        for layer in cache.layers:  # a pad's key and value are never attended: make them 0,
+            layer.keys.mul_(keep)  # [U, H, P, D]  so no NaN of an all-pad row can leak
+            layer.values.mul_(keep)  # [U, H, P, D]
+        cache.reorder_cache(which.to(device))  # [U, ...] -> [B, ...]: each row its group's
+        return ids, attention, cache
 
     @torch.no_grad()
     def generate(
@@ -114,12 +189,9 @@ class HFBackend:
     ) -> list[Completion]:
         """Sample (or greedily decode) up to `max_new_tokens` per prompt. Pass one seed per
         prompt for samples that do not depend on the batch (see the module docstring)."""
-        width = max(map(len, prompts))
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, T]
-        attention = torch.zeros_like(input_ids)  # [B, T]
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p)
-            attention[i, width - len(p) :] = 1
+        cuts = shared_prefixes(prompts) if self.share_prefixes else [0] * len(prompts)
+        input_ids, attention, cache = self._layout(prompts, cuts)  # [B, T], [B, T]
+        width = input_ids.shape[1]
         uniforms = None if greedy else row_uniforms(seed, len(prompts), max_new_tokens)  # [B, N]
         device = self.model.device
         sampler = RowSampler(
@@ -128,6 +200,7 @@ class HFBackend:
         out = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
+            **({} if cache is None else {"cache": cache}),  # the shared prefixes, prefilled
             max_new_tokens=max_new_tokens,
             do_sample=False,  # RowSampler has already chosen: greedy search keeps its pick
             repetition_penalty=1.0,  # no checkpoint default reshapes the distribution first
