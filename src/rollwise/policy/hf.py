@@ -189,7 +189,10 @@ class HFBackend:
     ) -> list[Completion]:
         """Sample (or greedily decode) up to `max_new_tokens` per prompt. Pass one seed per
         prompt for samples that do not depend on the batch (see the module docstring)."""
-        cuts = shared_prefixes(prompts) if self.share_prefixes else [0] * len(prompts)
+        cuts = [0] * len(prompts)
+        if self.share_prefixes:  # a prompt that shares nothing is a group of its own, so the
+            shared = shared_prefixes(prompts)  # rest region stays as wide as the histories
+            cuts = [c or len(p) - 1 for p, c in zip(prompts, shared, strict=True)]
         input_ids, attention, cache = self._layout(prompts, cuts)  # [B, T], [B, T]
         width = input_ids.shape[1]
         uniforms = None if greedy else row_uniforms(seed, len(prompts), max_new_tokens)  # [B, N]
