@@ -206,6 +206,29 @@ def test_shared_prefixes_generate_exactly_what_whole_prompts_do():
             assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5)
 
 
+def test_a_kept_turn_prefills_only_its_new_tokens_and_generates_the_same():
+    policy = scripted_policy()
+    first = prompts(policy, 2) * 2
+    fast = HFBackend(policy.model, policy.tokenizer)
+    whole = HFBackend(policy.model, policy.tokenizer, share_prefixes=False)
+    seeds = [1, 2, 3, 4]
+    with fast.keeping():
+        turn = fast.generate(first, 10, 1.0, seed=seeds)
+        later = [p + o.token_ids + [7, 8, 9] for p, o in zip(first, turn, strict=True)]
+        cuts, kvs = fast._cuts(later)
+        assert all(kvs) and cuts == [
+            len(p) + len(o.token_ids) - 1 for p, o in zip(first, turn, strict=True)
+        ]
+        got = fast.generate(later, 10, 1.0, seed=seeds)
+        assert len(fast.kept) == len(later)  # the first turn's entries were consumed
+    assert fast.kept is None
+    want = whole.generate(later, 10, 1.0, seed=seeds)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want, strict=True):
+        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5)
+    assert fast.generate(later, 10, 1.0, seed=seeds)[0].token_ids == got[0].token_ids  # no keep
+
+
 # ------------------------------------------------------------------------------ HTTP specifics
 
 

@@ -397,6 +397,28 @@ def test_same_plan_and_seeds_give_identical_episodes(policy):
     assert len({tuple(e["token_ids"]) for e in a}) > len(a) // 2, "samples barely differ"
 
 
+def test_kept_turns_and_shared_prefixes_roll_the_episodes_whole_prompts_do(policy):
+    """The HF backend inside run_episodes prefills a group's prompt once and each later turn's
+    new tokens only (keeping()); the episodes equal those of every prompt prefilled whole."""
+    suite, tok = policy.suite, policy.tokenizer
+    tasks = suite.split("train")[:4]
+    limits = Limits(max_turns=4, max_new_tokens=40, max_context=512, temperature=1.0)
+
+    def roll(backend):
+        return run_episodes(specs_for(suite, tasks, samples=3), backend, tok, limits)
+
+    reused = []
+    fast = HFBackend(policy.model, tok)
+    cuts = fast._cuts
+    fast._cuts = lambda prompts: (out := cuts(prompts), reused.append(sum(map(bool, out[1]))))[0]
+    (a, a_steps), (b, b_steps) = roll(fast), roll(HFBackend(policy.model, tok, share_prefixes=False))
+    assert sum(reused) >= len(a), "no turn extended a kept one: nothing checked"
+    assert fast.kept is None  # dropped on leaving run_episodes
+    assert max(len(e["turn_spans"]) for e in a) >= 3
+    assert_same_episodes(a, b)
+    assert a_steps == b_steps
+
+
 # ------------------------------------------------------------------------------ cost
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 
 @dataclass
@@ -128,22 +129,75 @@ def row_uniforms(seed: int | Sequence[int] | None, rows: int, steps: int) -> tor
     return torch.stack([torch.rand(steps, generator=g) for g in gens])  # [B, N]
 
 
+Kv = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, n, D] of n tokens
+
+
 class HFBackend:
     """`generate(prompts, ...)` over token-id prompts: one batched call, each shared prefix (a
-    GRPO group's prompt, an environment's tool listing) prefilled once (`shared_prefixes`)."""
+    GRPO group's prompt, an environment's tool listing) prefilled once (`shared_prefixes`), and
+    inside `keeping()` an episode's next turn prefills only its new tokens."""
 
     def __init__(self, model, tokenizer, stop_id: int | None = None, share_prefixes: bool = True):
         self.model, self.tokenizer = model.eval(), tokenizer
         self.stop_id = tokenizer.eos_token_id if stop_id is None else stop_id
         self.pad_id = tokenizer.pad_token_id
         self.share_prefixes = share_prefixes  # False: every prompt prefilled whole (the check)
+        self.kept: dict[tuple[int, ...], Kv] | None = None  # inside keeping(): tokens -> KV
 
-    def _layout(self, prompts: list[list[int]], cuts: list[int]):
-        """(ids, attention mask, cache) for generate. Without shared prefixes: left-padded
-        prompts, no cache. With them, each row is [pads][its group's prefix][pads][the rest]:
-        the prefix region's keys and values are computed once per group and copied to its rows,
-        the pads are masked, and positions count real tokens only (generate derives them from
-        the mask), so every row sees exactly its own prompt."""
+    @contextmanager
+    def keeping(self):
+        """Within it, each row's keys and values (its prompt and what it generated) are kept,
+        and a later prompt that extends kept tokens prefills only what is new: an episode's next
+        turn reads its observation, not its whole history again. The weights must not change
+        inside (the engine's run_episodes: one policy). Ended episodes' entries stay until exit
+        (at most one per episode); on exit all are dropped."""
+        self.kept = {}
+        try:
+            yield self
+        finally:
+            self.kept = None
+
+    def _cuts(self, prompts: list[list[int]]) -> tuple[list[int], list[Kv | None]]:
+        """(cut, kept KV or None) per prompt: the longest kept run of tokens it extends, else
+        its group's shared prefix (a prompt sharing none is a group of its own, so the rest
+        region stays as wide as the new tokens). A cut leaves at least one token to run."""
+        cuts, kvs = [0] * len(prompts), [None] * len(prompts)
+        if not self.share_prefixes:
+            return cuts, kvs
+        lengths = sorted({len(k) for k in self.kept or {}}, reverse=True)
+        for i, p in enumerate(prompts):
+            for n in lengths:
+                if n < len(p) and (kv := self.kept.get(tuple(p[:n]))) is not None:
+                    cuts[i], kvs[i] = n, kv
+                    break
+        fresh = [i for i, kv in enumerate(kvs) if kv is None]
+        shared = shared_prefixes([prompts[i] for i in fresh]) if fresh else []
+        for i, c in zip(fresh, shared, strict=True):
+            cuts[i] = c or len(prompts[i]) - 1
+        return cuts, kvs
+
+    def _prefill(self, prefixes: list[list[int]]) -> Kv:
+        """Keys and values ([U, H, W, D] a layer) of left-padded prefixes, pads zeroed (never
+        attended; an all-pad row's NaN cannot leak)."""
+        width = max(map(len, prefixes))
+        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)  # [U, W]
+        mask = torch.zeros_like(ids)  # [U, W]
+        for i, p in enumerate(prefixes):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, W]
+        device = self.model.device
+        out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         position_ids=positions.to(device), use_cache=True)  # fmt: skip
+        keep = mask.to(device)[:, None, :, None]  # [U, 1, W, 1]
+        return [(layer.keys * keep, layer.values * keep) for layer in out.cache.layers]
+
+    def _layout(self, prompts: list[list[int]], cuts: list[int], kvs: list[Kv | None]):
+        """(ids, attention mask, cache) for generate. Each row is [pads][its prefix][pads][the
+        rest]: the prefix region's keys and values come from `kvs` (kept from an earlier turn)
+        or are computed once per group and copied to its rows; pads are masked and positions
+        count real tokens only (generate derives them from the mask), so every row sees exactly
+        its own prompt. No prefixes and nothing to keep: left-padded prompts, no cache."""
         rests = [p[c:] for p, c in zip(prompts, cuts, strict=True)]
         width_p, width_r = max(cuts), max(map(len, rests))
         rows = len(prompts)
@@ -155,27 +209,45 @@ class HFBackend:
             attention[i, width_p - c : width_p] = 1
             attention[i, width_p + width_r - len(rest) :] = 1
         if width_p == 0:
-            return ids, attention, None
-        groups: dict[tuple[int, ...], int] = {}  # a prefix -> its row in the prefix batch
-        for p, c in zip(prompts, cuts, strict=True):
-            groups.setdefault(tuple(p[:c]), len(groups))
-        which = torch.tensor([groups[tuple(p[:c])] for p, c in zip(prompts, cuts, strict=True)])
-        rep = [which.tolist().index(g) for g in range(len(groups))]  # a row of each group
-        pre_ids, pre_mask = ids[rep, :width_p], attention[rep, :width_p]  # [U, P]
-        positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]
-        device = self.model.device
-        out = self.model(
-            input_ids=pre_ids.to(device),
-            attention_mask=pre_mask.to(device),
-            position_ids=positions.to(device),
-            use_cache=True,
-        )
-        cache, keep = out.cache, pre_mask.to(device)[:, None, :, None]  # [U, 1, P, 1]
-        for layer in cache.layers:  # a pad's key and value are never attended: make them 0,
-            layer.keys.mul_(keep)  # [U, H, P, D]  so no NaN of an all-pad row can leak
-            layer.values.mul_(keep)  # [U, H, P, D]
-        cache.reorder_cache(which.to(device))  # [U, ...] -> [B, ...]: each row its group's
+            return ids, attention, None if self.kept is None else DynamicCache()
+        groups: dict[tuple[int, ...], int] = {}  # a prefix to compute -> its row of _prefill
+        for p, c, kv in zip(prompts, cuts, kvs, strict=True):
+            if kv is None and c:
+                groups.setdefault(tuple(p[:c]), len(groups))
+        computed = self._prefill([list(g) for g in groups]) if groups else []
+        sources = []  # per row: (kept KV, None) or (None, its group's row), or None (no prefix)
+        for p, c, kv in zip(prompts, cuts, kvs, strict=True):
+            sources.append(None if not c else (kv, None if kv else groups[tuple(p[:c])]))
+        template = computed or next(kv for kv in kvs if kv)  # [U, H, W, D] or [H, n, D]
+        cache = DynamicCache()
+        for layer, (like, _) in enumerate(template):
+            heads, dim = like.shape[-3], like.shape[-1]
+            keys = like.new_zeros(rows, heads, width_p, dim)  # [B, H, P, D]
+            values = like.new_zeros(rows, heads, width_p, dim)  # [B, H, P, D]
+            for i, (c, src) in enumerate(zip(cuts, sources, strict=True)):
+                if src is None:
+                    continue
+                kv, g = src
+                k, v = kv[layer] if kv else (t[g, :, -c:] for t in computed[layer])  # [H, c, D]
+                keys[i, :, width_p - c :] = k
+                values[i, :, width_p - c :] = v
+            cache.update(keys, values, layer)
         return ids, attention, cache
+
+    def _keep(self, prompts, cuts, kvs, attention, cache, width: int, outs) -> None:
+        """Each row's keys and values for its next turn: its prompt and its generated tokens but
+        the last (never fed back). Entries just extended are dropped."""
+        for p, c, kv in zip(prompts, cuts, kvs, strict=True):
+            if kv is not None:
+                self.kept.pop(tuple(p[:c]), None)
+        for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
+            fed = len(out.token_ids) - 1
+            cols = torch.cat([attention[i].nonzero()[:, 0], torch.arange(width, width + fed)])
+            cols = cols.to(self.model.device)  # [n]
+            self.kept[tuple(p + out.token_ids[:fed])] = [
+                (layer.keys[i].index_select(1, cols), layer.values[i].index_select(1, cols))
+                for layer in cache.layers
+            ]  # [H, n, D] each
 
     @torch.no_grad()
     def generate(
@@ -189,11 +261,8 @@ class HFBackend:
     ) -> list[Completion]:
         """Sample (or greedily decode) up to `max_new_tokens` per prompt. Pass one seed per
         prompt for samples that do not depend on the batch (see the module docstring)."""
-        cuts = [0] * len(prompts)
-        if self.share_prefixes:  # a prompt that shares nothing is a group of its own, so the
-            shared = shared_prefixes(prompts)  # rest region stays as wide as the histories
-            cuts = [c or len(p) - 1 for p, c in zip(prompts, shared, strict=True)]
-        input_ids, attention, cache = self._layout(prompts, cuts)  # [B, T], [B, T]
+        cuts, kvs = self._cuts(prompts)
+        input_ids, attention, cache = self._layout(prompts, cuts, kvs)  # [B, T], [B, T]
         width = input_ids.shape[1]
         uniforms = None if greedy else row_uniforms(seed, len(prompts), max_new_tokens)  # [B, N]
         device = self.model.device
@@ -203,7 +272,7 @@ class HFBackend:
         out = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
-            **({} if cache is None else {"cache": cache}),  # the shared prefixes, prefilled
+            **({} if cache is None else {"cache": cache}),  # the prefixes, prefilled
             max_new_tokens=max_new_tokens,
             do_sample=False,  # RowSampler has already chosen: greedy search keeps its pick
             repetition_penalty=1.0,  # no checkpoint default reshapes the distribution first
@@ -213,7 +282,10 @@ class HFBackend:
         )
         new = out[:, width:].cpu()  # [B, N]
         picked = torch.stack(sampler.logps, dim=1).cpu()  # [B, N]
-        return [self._cut(new[i].tolist(), picked[i].tolist()) for i in range(len(prompts))]
+        outs = [self._cut(new[i].tolist(), picked[i].tolist()) for i in range(len(prompts))]
+        if self.kept is not None:
+            self._keep(prompts, cuts, kvs, attention, cache, width, outs)
+        return outs
 
     @torch.no_grad()
     def score(

@@ -34,6 +34,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from rollwise.envs.protocol import expansion, next_turn, progress_note
@@ -110,7 +111,8 @@ TOOL_WORKERS = 32  # episodes whose calls run at once; mostly waiting (I/O, time
 
 def run_episodes(specs: list[EpisodeSpec], backend, tokenizer, limits: Limits) -> tuple[list, list]:
     """Roll out every spec to an answer or a limit; returns (episode rows, step rows)."""
-    with ThreadPoolExecutor(max_workers=TOOL_WORKERS) as pool:
+    keeping = getattr(backend, "keeping", nullcontext)  # HF: a turn prefills its new tokens
+    with ThreadPoolExecutor(max_workers=TOOL_WORKERS) as pool, keeping():
         live = [start(s, tokenizer, limits.action_mode == "code") for s in specs]
         for _ in range(limits.max_turns):
             active = [e for e in live if e.termination is None]
