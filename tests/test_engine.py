@@ -407,11 +407,18 @@ def test_kept_turns_and_shared_prefixes_roll_the_episodes_whole_prompts_do(polic
     def roll(backend):
         return run_episodes(specs_for(suite, tasks, samples=3), backend, tok, limits)
 
-    reused = []
+    reused = []  # per generate call: how many prompts extended a kept turn
     fast = HFBackend(policy.model, tok)
-    cuts = fast._cuts
-    fast._cuts = lambda prompts: (out := cuts(prompts), reused.append(sum(map(bool, out[1]))))[0]
-    (a, a_steps), (b, b_steps) = roll(fast), roll(HFBackend(policy.model, tok, share_prefixes=False))
+    plan = fast._cuts
+
+    def counted(prompts):
+        cuts, kvs = plan(prompts)
+        reused.append(sum(kv is not None for kv in kvs))
+        return cuts, kvs
+
+    fast._cuts = counted
+    whole = HFBackend(policy.model, tok, share_prefixes=False)
+    (a, a_steps), (b, b_steps) = roll(fast), roll(whole)
     assert sum(reused) >= len(a), "no turn extended a kept one: nothing checked"
     assert fast.kept is None  # dropped on leaving run_episodes
     assert max(len(e["turn_spans"]) for e in a) >= 3
