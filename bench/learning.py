@@ -10,7 +10,10 @@ through the same trainer (bench/common.py run_oracle_rounds): the supervised sig
 episodes are compared against, `rl_vs_oracle_control_ratio`. `--control sft`: instead the warm
 start's own SFT continued on as many demos a round (run_sft_control): the update's cost.
 `--spread-seeds`: more seeds whose warm start is only built and evaluated
-(`warmstart_spread_pts` over all seeds; `--seeds` with no seed: those alone). `--headroom K`:
+(`warmstart_spread_pts` over all seeds; `--seeds` with no seed: those alone). `--merge A.json
+B.json ...`: one file from per-seed files run apart (a seed per process, so two share the cores
+and each lands on its own), refused unless they share commit, recipe, overrides and plan: the
+merged file keeps that commit and each source's command. `--headroom K`:
 the warm start's pass@K at the rollout temperature minus its greedy success on the same tasks,
 the most sharpening can add (`warmstart_headroom_pts_median`).
 
@@ -21,6 +24,7 @@ paired tasks (each task's final minus start success).
     .venv/bin/python bench/learning.py [--seeds 0 1 2] [--rounds 8] [--eval-every 2] \
         [--eval-tasks 64] [--control [trainer|sft]] [--recipe smollm2|tiny] \
         [--out bench/results/learning.json] [--spread-seeds 3 4] [--headroom 8]
+    .venv/bin/python bench/learning.py --merge seed0.json seed1.json seed2.json [--out ...]
         (key=value overrides go first: --seeds and --spread-seeds take lists)
 """
 
@@ -291,6 +295,41 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+MERGE_MUST_AGREE = ("git_commit", "recipe", "overrides", "eval_tasks", "rounds")
+
+
+def merge(paths: list[Path], out: Path) -> dict:
+    """Per-seed results files of one plan as one: the seeds' runs side by side, summarized as if
+    one process had run them. Why refuse a mismatch: a median over different code or params is
+    no figure of either."""
+    parts = []
+    for path in paths:
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as err:
+            raise SystemExit(f"--merge: cannot read {path}: {err}") from err
+    for key in MERGE_MUST_AGREE:
+        values = {json.dumps(part.get(key), sort_keys=True) for part in parts}
+        if len(values) > 1:
+            raise SystemExit(f"--merge: the files differ in {key!r}: {sorted(values)}")
+    runs = [run for part in parts for run in part["runs"]]
+    seeds = [run["seed"] for run in runs]
+    if len(set(seeds)) < len(seeds):
+        raise SystemExit(f"--merge: a seed appears twice: {sorted(seeds)}")
+    first = parts[0]
+    args = argparse.Namespace(recipe=first["recipe"], eval_tasks=first["eval_tasks"],
+                              rounds=first["rounds"])  # fmt: skip
+    spread = {int(k): v for part in parts for k, v in part["warmstart_success_by_seed"].items()}
+    result = summarize(sorted(runs, key=lambda r: r["seed"]), args, first["overrides"], spread)
+    result["git_commit"] = first["git_commit"]  # the code that ran, not the merge's
+    result["seed_commands"] = [part["command"] for part in parts]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot(result, out.with_suffix(".png"))
+    result["plot"] = os.path.relpath(out.with_suffix(".png"), ROOT)
+    out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted params overrides key=value")
@@ -315,7 +354,13 @@ def main() -> None:
                         help="more seeds whose warm start is only evaluated")  # fmt: skip
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "learning")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learning.json")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
+                        help="per-seed results files of one plan, merged into --out")  # fmt: skip
     args = parser.parse_args()
+    if args.merge:
+        result = merge(args.merge, args.out)
+        print(json.dumps({k: v for k, v in result.items() if k != "runs"}, default=float))
+        return
     torch.set_num_threads(args.threads)
     overrides = {**RECIPES[args.recipe], **parse_overrides(args.overrides)}
     p = bench_params(overrides)

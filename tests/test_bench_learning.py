@@ -48,3 +48,43 @@ def test_warm_starts_alone_with_no_rl_seed(tmp_path, monkeypatch):
     assert result["heldout_gain_pts_median"] is None and result["worst_round_drop_pts"] is None
     assert not result["every_seed_interval_excludes_0"]
     assert result["overrides"]["warmstart.balance_kinds"] in (True, "true")
+
+
+def _seed_file(path, seed: int, gain: float, commit: str = "abc123") -> str:
+    run = {"seed": seed, "partial": False, "warmstart_success": 0.3 + seed / 10,
+           "heldout": {"gain_pts": gain, "lo": gain - 5, "hi": gain + 5, "tasks": 64},
+           "unseen": {"gain_pts": gain / 2, "lo": -1.0, "hi": 9.0, "tasks": 21},
+           "curve": [{"round": 0, "success": 0.3, "unseen_success": 0.2},
+                     {"round": 2, "success": 0.3 + gain / 100, "unseen_success": 0.25}],
+           "rounds": [], "worst_round_drop_pts": seed, "wall_s": 100.0 * (seed + 1)}  # fmt: skip
+    part = {"command": f"python bench/learning.py --seeds {seed}", "git_commit": commit,
+            "recipe": "smollm2", "overrides": {"train.lr": 1e-5}, "eval_tasks": 64, "rounds": 2,
+            "warmstart_success_by_seed": {str(seed): run["warmstart_success"]},
+            "runs": [run]}  # fmt: skip
+    path.write_text(json.dumps(part))
+    return str(path)
+
+
+def test_merge_summarizes_per_seed_files_and_refuses_a_mixed_plan(tmp_path, monkeypatch):
+    """Seeds run as separate processes merge into one file with the medians over all of them;
+    files from different commits (or the same seed twice) are refused by name."""
+    files = [_seed_file(tmp_path / f"s{s}.json", s, g) for s, g in [(0, 10.0), (1, 30.0), (2, 4.0)]]
+    out = tmp_path / "merged.json"
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--merge", *files, "--out", str(out)])
+    learning.main()
+    result = json.loads(out.read_text())
+    assert [r["seed"] for r in result["runs"]] == [0, 1, 2]
+    assert result["heldout_gain_pts_median"] == 10.0 and result["unseen_gain_pts_median"] == 5.0
+    assert result["worst_round_drop_pts"] == 2 and result["wall_s_per_seed"] == 200.0
+    assert result["git_commit"] == "abc123" and len(result["seed_commands"]) == 3
+    assert result["every_seed_interval_excludes_0"] is False  # seed 2's lo is -1
+    assert result["warmstart_spread_pts"] == pytest.approx(20.0)
+    assert out.with_suffix(".png").exists()
+
+    other = _seed_file(tmp_path / "other.json", 3, 8.0, commit="def456")
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--merge", files[0], other, "--out", str(out)])
+    with pytest.raises(SystemExit, match="git_commit"):
+        learning.main()
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--merge", files[0], files[0]])
+    with pytest.raises(SystemExit, match="seed appears twice"):
+        learning.main()
