@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pandas as pd
@@ -826,3 +827,39 @@ def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(model_an
     assert len(g0) == len(g1) > 0
     for a, b in zip(g0, g1, strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_max_kl_shrinks_a_round_into_its_trust_region(model_and_pad):
+    """A round whose KL from its old policy exceeds train.max_kl is moved back along its own
+    update until the KL measured afterwards fits; a generous max_kl keeps the full update."""
+    from rollwise.policy.build import build_model, train_tokenizer
+    from rollwise.train.trainer import round_kl
+
+    tok = train_tokenizer(["the answer is paris"])
+    items = synthetic_items([10, 12, 9, 12])
+    base = build_model(tok, TINY)
+    olds = policy_logprobs(base, items, TrainConfig(), tok.pad_token_id, 1.0)
+    items = [{**it, "logprobs": old} for it, old in zip(items, olds, strict=True)]  # on-policy
+    full_model = copy.deepcopy(base)
+    full, _ = run_round(full_model, tok.pad_token_id, items, lr=3e-3, max_kl=10.0)
+    assert full["trust_scale"] == 1.0 and full["round_kl"] == full["round_kl_full"] > 1e-4
+    assert full["round_kl"] == pytest.approx(round_kl(full_model, items, TrainConfig(), 0, 1.0))
+
+    small = copy.deepcopy(base)
+    limit = full["round_kl_full"] / 20
+    shrunk, changed = run_round(small, tok.pad_token_id, items, lr=3e-3, max_kl=limit)
+    assert shrunk["round_kl_full"] == pytest.approx(full["round_kl_full"], rel=1e-5)
+    assert 0 < shrunk["trust_scale"] < 1 and changed
+    assert shrunk["round_kl"] <= limit
+    assert round_kl(small, items, TrainConfig(), tok.pad_token_id, 1.0) == pytest.approx(
+        shrunk["round_kl"], rel=1e-5
+    )
+    start = dict(base.named_parameters())  # the weights sit on the segment start -> full update
+    ends = dict(full_model.named_parameters())
+    for name, p in small.named_parameters():
+        expected = start[name] + shrunk["trust_scale"] * (ends[name] - start[name])
+        torch.testing.assert_close(p, expected, atol=1e-6, rtol=1e-5)
+
+    with pytest.raises(ValueError, match="max_kl"):
+        train_round(base, items, TrainConfig(max_kl=1.0), make_optimizer(base, TrainConfig()),
+                    tok.pad_token_id, start=1)  # fmt: skip

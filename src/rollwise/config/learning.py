@@ -249,6 +249,14 @@ class TrainConfig(Section):
     world_size: int = Field(
         1, ge=1, description="> 1: DDP ranks launched through torchrun (gloo on CPU, NCCL on GPU)."
     )
+    max_kl: float | None = Field(
+        None,
+        gt=0,
+        description="A round's trust region: after its steps, the mean per-token KL (k3) from "
+        "the round's old policy on its own tokens; above max_kl the update is shrunk along its "
+        "own direction (backtracking) until inside, or undone. null: off. Source: Schulman et "
+        "al. 2015, Trust Region Policy Optimization (its line search).",
+    )
     guard: GuardConfig = Field(GuardConfig(), description="Collapse guard (below).")
 
 
