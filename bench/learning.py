@@ -156,6 +156,9 @@ def scores(episodes: pd.DataFrame, unseen: set[str]) -> dict:
             "seen_success": float(episodes.loc[~new, "success"].mean())}  # fmt: skip
 
 
+TRUST_KEYS = ("round_kl_full", "round_kl", "trust_scale")
+
+
 def run_seed(seed: int, p, suite, args, save=None) -> dict:
     """The warm start of `seed`, then its RL rounds, held-out success along the way; `save(run)`
     after every evaluation writes the partial run (a long run stopped early keeps its curve)."""
@@ -179,6 +182,7 @@ def run_seed(seed: int, p, suite, args, save=None) -> dict:
                        "episodes_trained": int(t.get("episodes", 0)),
                        "approx_kl": float(t.get("approx_kl", 0.0)),
                        "entropy": float(t.get("entropy", 0.0)),
+                       **{k: float(t[k]) for k in TRUST_KEYS if k in t},  # train.max_kl
                        "wall_s": time.perf_counter() - t0})  # fmt: skip
         print(json.dumps({"seed": seed, **rounds[-1]}), flush=True)
         if r % args.eval_every == 0 or r == args.rounds:
