@@ -90,9 +90,12 @@ RECIPES = {
         "rollout.max_new_tokens": 64,
         "rollout.batch_size": 64,
         "credit.reward": "success",
-        "train.lr": 5e-6,  # 2e-5 until 747f11c: from seed 2's warm start 2e-5 (+ KL 0.04) fell
-        # 14 points by round 2; 5e-6 never fell below it, +14.1 at round 8 (archive/learning_
-        # smollm2_seed2_{kl004,lr5e-6}.json)
+        # lr 5e-6 from 747f11c (2e-5 + KL 0.04 fell 14 points by round 2 from seed 2's warm
+        # start): median +14.1 over seeds 0-2. lr 1e-5 gave seed 0 +20.3 but collapsed seed 1 by
+        # 25 points in one round (approx_kl 4.8e-3); the round's trust region (max_kl) caps
+        # such a round and leaves the others whole (docs/experiments/2026-12-06-*).
+        "train.lr": 1e-5,
+        "train.max_kl": 8e-3,
         "train.epochs": 1,
         "train.minibatches": 2,
         "train.micro_batch": 8,
