@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rollwise import loop  # noqa: E402
+from rollwise.artifacts import atomic_dir  # noqa: E402
 from rollwise.config import (  # noqa: E402, F401  (parse_overrides: the benches' CLI)
     Params,
     apply_overrides,
@@ -53,8 +54,9 @@ def suite_at(cache: Path, envs) -> tuple[Suite, Path]:
     from rollwise.envs.generate import generate_suite
 
     folder = Path(cache) / f"suite_{key_of(envs.model_dump())}"
-    if not folder.exists():
-        generate_suite(envs, folder)
+    if not folder.exists():  # two seeds may share a cache: neither reads a half-built suite
+        with atomic_dir(folder, keep_existing=True) as tmp:
+            generate_suite(envs, tmp)
     return load_suite(folder), folder
 
 

@@ -37,3 +37,31 @@ def test_a_damaged_checkpoint_names_folder_and_stage(tmp_path: Path):
     weights.write_bytes(b"\x00garbage" + weights.read_bytes()[:64])
     with pytest.raises(CorruptArtifact, match="round_01.*train@01"):
         load_checkpoint(folder, "train@01")
+
+
+def test_a_shared_cache_keeps_a_live_writers_folder_and_the_first_finished_copy(tmp_path: Path):
+    import subprocess
+    import sys
+
+    from rollwise.artifacts import atomic_dir
+
+    path = tmp_path / "suite_abc"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        busy = tmp_path / f".suite_abc.tmp-{live.pid}"  # another seed still generating
+        busy.mkdir()
+        dead = tmp_path / ".suite_abc.tmp-999999999"  # a killed writer's leftovers
+        dead.mkdir()
+        with atomic_dir(path, keep_existing=True) as tmp:
+            (tmp / "catalog.parquet").write_text("first")
+        assert busy.exists() and not dead.exists()
+        assert (path / "catalog.parquet").read_text() == "first"
+        with atomic_dir(path, keep_existing=True) as tmp:  # the slower seed finishes second
+            (tmp / "catalog.parquet").write_text("second")
+        assert (path / "catalog.parquet").read_text() == "first"
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([busy.name, "suite_abc"])
+        with atomic_dir(path) as tmp:  # a stage output is replaced as before
+            (tmp / "catalog.parquet").write_text("rerun")
+        assert (path / "catalog.parquet").read_text() == "rerun"
+    finally:
+        live.kill()

@@ -55,18 +55,36 @@ def read_json(path: Path, stage: str):
         raise corrupt(path, stage, e) from e
 
 
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process named in a `.name.tmp-PID` folder still runs (it may be writing)."""
+    try:
+        os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 @contextlib.contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
-    """Write a stage output into a sibling temp folder, then rename: never a partial output."""
+def atomic_dir(path: Path, keep_existing: bool = False) -> Iterator[Path]:
+    """Write a stage output into a sibling temp folder, then rename: never a partial output.
+    `keep_existing`: a cache two processes may fill at once; whoever finishes second drops its
+    copy, so a reader of the first never sees it replaced."""
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a killed writer's leftovers
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.name != f".{path.name}.tmp-{os.getpid()}" and not _writer_alive(stale):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if keep_existing and path.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
 

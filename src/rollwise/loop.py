@@ -515,6 +515,7 @@ def warm_start(
     tokenizer) `base` (policy.model with warmstart.finetune_model), SFT'd on the suite's train
     oracles (train/warmstart.py). With `cache`, a folder keyed by the params it depends on is
     reused (benches: one warm start per params, built once)."""
+    from rollwise.artifacts import atomic_dir
     from rollwise.policy.build import load_policy, save_policy
     from rollwise.train.warmstart import sft_warm_start
 
@@ -528,9 +529,10 @@ def warm_start(
     model, tokenizer, losses, n_demos = sft_warm_start(params, suite, on_step, checks, base)
     info = {"sft_steps": len(losses), "sft_final_loss": losses[-1] if losses else 0.0,
             "demos": n_demos, "checks": checks}  # fmt: skip
-    if folder is not None:
-        save_policy(model, tokenizer, folder, {"built_from": "policy params",
-                                               "sft_steps": len(losses)})  # fmt: skip
+    if folder is not None:  # a crash mid-save leaves no config.json beside missing weights
+        with atomic_dir(folder, keep_existing=True) as tmp:
+            save_policy(model, tokenizer, tmp, {"built_from": "policy params",
+                                                "sft_steps": len(losses)})  # fmt: skip
     return model, tokenizer, info
 
 
