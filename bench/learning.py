@@ -93,7 +93,7 @@ RECIPES = {
         # lr 5e-6 from 747f11c (2e-5 + KL 0.04 fell 14 points by round 2 from seed 2's warm
         # start): median +14.1 over seeds 0-2. lr 1e-5 gave seed 0 +20.3 but collapsed seed 1 by
         # 25 points in one round (approx_kl 4.8e-3); the round's trust region (max_kl) caps
-        # such a round and leaves the others whole (docs/experiments/2026-12-06-*).
+        # such a round (docs/experiments/2026-12-06-a-trust-region-for-smollm2-rounds.md).
         "train.lr": 1e-5,
         "train.max_kl": 8e-3,
         "train.epochs": 1,

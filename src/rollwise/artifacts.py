@@ -62,7 +62,7 @@ def _writer_alive(tmp: Path) -> bool:
     except (ValueError, ProcessLookupError):
         return False
     except PermissionError:  # someone else's live process
-        return True
+        pass
     return True
 
 
@@ -72,7 +72,7 @@ def atomic_dir(path: Path, keep_existing: bool = False) -> Iterator[Path]:
     `keep_existing`: a cache two processes may fill at once; whoever finishes second drops its
     copy, so a reader of the first never sees it replaced."""
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a killed writer's leftovers
-        if stale.name != f".{path.name}.tmp-{os.getpid()}" and not _writer_alive(stale):
+        if not _writer_alive(stale):  # this process's own is cleared below
             shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
