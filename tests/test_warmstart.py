@@ -3,6 +3,8 @@ tokenizer covers their words."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rollwise.config import validate
@@ -63,6 +65,12 @@ def test_stop_at_success_checks_a_fresh_validation_suite(tmp_path):
     checks = []
     _, _, losses, _ = sft_warm_start(early, main, checks=checks)
     assert len(losses) == 2 and [c["step"] for c in checks] == [2]
+    from rollwise.loop import warm_start  # a cached warm start says where its rule stopped it
+
+    warm_start(early, main, tmp_path / "cache")
+    (folder,) = (tmp_path / "cache").glob("sft_*")
+    marker = json.loads((folder / "rollwise_policy.json").read_text())
+    assert marker["sft_steps"] == 2 and [c["step"] for c in marker["checks"]] == [2]
     with pytest.raises(ValueError, match="stop_at_success"):
         sft_warm_start(validate({"envs": {"custom": "examples.notes_env:make_env"},
                                  "warmstart": {"stop_at_success": 0.5}}), main)  # fmt: skip

@@ -531,8 +531,10 @@ def warm_start(
             "demos": n_demos, "checks": checks}  # fmt: skip
     if folder is not None:  # a crash mid-save leaves no config.json beside missing weights
         with atomic_dir(folder, keep_existing=True) as tmp:
-            save_policy(model, tokenizer, tmp, {"built_from": "policy params",
-                                                "sft_steps": len(losses)})  # fmt: skip
+            marker = {"built_from": "policy params", "sft_steps": len(losses)}
+            if checks:  # where stop_at_success stopped it, and on what validation success
+                marker["checks"] = checks
+            save_policy(model, tokenizer, tmp, marker)
     return model, tokenizer, info
 
 
