@@ -863,3 +863,35 @@ def test_max_kl_shrinks_a_round_into_its_trust_region(model_and_pad):
     with pytest.raises(ValueError, match="max_kl"):
         train_round(base, items, TrainConfig(max_kl=1.0), make_optimizer(base, TrainConfig()),
                     tok.pad_token_id, start=1)  # fmt: skip
+
+
+def test_max_kl_expand_stretches_a_round_toward_its_boundary(model_and_pad):
+    """With train.max_kl_expand, a round whose KL is inside the region moves further along its
+    own update (scale > 1, at most the factor), the KL measured there still inside; a tight cap
+    keeps the stretch at that factor."""
+    from rollwise.policy.build import build_model, train_tokenizer
+    from rollwise.train.trainer import round_kl
+
+    tok = train_tokenizer(["the answer is paris"])
+    items = synthetic_items([10, 12, 9, 12])
+    base = build_model(tok, TINY)
+    olds = policy_logprobs(base, items, TrainConfig(), tok.pad_token_id, 1.0)
+    items = [{**it, "logprobs": old} for it, old in zip(items, olds, strict=True)]
+    full_model = copy.deepcopy(base)
+    full, _ = run_round(full_model, tok.pad_token_id, items, lr=3e-4, max_kl=10.0)
+    limit = full["round_kl_full"] * 4
+
+    stretched = copy.deepcopy(base)
+    out, _ = run_round(stretched, tok.pad_token_id, items, lr=3e-4, max_kl=limit, max_kl_expand=5)
+    assert 1.0 < out["trust_scale"] <= 5 and full["round_kl_full"] < out["round_kl"] <= limit
+    assert round_kl(stretched, items, TrainConfig(), tok.pad_token_id, 1.0) == pytest.approx(
+        out["round_kl"], rel=1e-5
+    )
+    start, ends = dict(base.named_parameters()), dict(full_model.named_parameters())
+    for name, p in stretched.named_parameters():
+        expected = start[name] + out["trust_scale"] * (ends[name] - start[name])
+        torch.testing.assert_close(p, expected, atol=1e-6, rtol=1e-5)
+
+    capped = copy.deepcopy(base)
+    out, _ = run_round(capped, tok.pad_token_id, items, lr=3e-4, max_kl=limit, max_kl_expand=1.5)
+    assert out["trust_scale"] == 1.5 and out["round_kl"] <= limit

@@ -257,6 +257,13 @@ class TrainConfig(Section):
         "own direction (backtracking) until inside, or undone. null: off. Source: Schulman et "
         "al. 2015, Trust Region Policy Optimization (its line search).",
     )
+    max_kl_expand: float = Field(
+        1.0,
+        ge=1,
+        description="With max_kl set, a round whose KL is inside the region is stretched along "
+        "its own update toward the boundary, at most this factor (TRPO steps to its boundary); "
+        "1: never stretched.",
+    )
     guard: GuardConfig = Field(GuardConfig(), description="Collapse guard (below).")
 
 

@@ -270,24 +270,46 @@ def trust_region(model, before: list[torch.Tensor], items: list[dict], cfg, pad_
     the KL fits (TRPO's backtracking line search), or 0 (the update undone) after
     TRUST_REGION_TRIES. Why: on SmolLM2 a round whose update reached ~5e-3 approx_kl lost 14-25
     held-out points while rounds near 1.5e-3 gained (docs/experiments); the optimizer's moments
-    stay as the full steps left them."""
+    stay as the full steps left them. With cfg.max_kl_expand > 1 a round inside the region is
+    stretched along its update toward the boundary, at most that factor, as TRPO steps to its
+    boundary: why, at lr 1e-5 rounds after the first two moved ~1e-3 and gained little."""
     params = [p for p in model.parameters() if p.requires_grad]
     after = [p.detach().clone() for p in params]
+
+    def move_to(scale: float, measure: bool = True) -> float:
+        for p, a, b in zip(params, after, before, strict=True):
+            p.copy_(b + scale * (a - b))
+        return round_kl(model, items, cfg, pad_id, temperature) if measure else 0.0
+
     full = kl = round_kl(model, items, cfg, pad_id, temperature)
     scale = 1.0
+    if kl < cfg.max_kl and cfg.max_kl_expand > 1.0:
+        return stretch(move_to, full, cfg)
     for _ in range(TRUST_REGION_TRIES):
         if kl <= cfg.max_kl:
             break
         scale = 0.95 * math.sqrt(cfg.max_kl / full) if scale == 1.0 else scale / 2
-        for p, a, b in zip(params, after, before, strict=True):
-            p.copy_(b + scale * (a - b))
-        kl = round_kl(model, items, cfg, pad_id, temperature)
+        kl = move_to(scale)
     else:
         if kl > cfg.max_kl:
-            scale, kl = 0.0, 0.0
-            for p, b in zip(params, before, strict=True):
-                p.copy_(b)
+            scale, kl = 0.0, move_to(0.0, measure=False)
     return {"round_kl_full": full, "round_kl": kl, "trust_scale": scale}
+
+
+def stretch(move_to, full: float, cfg) -> dict:
+    """The update scaled up to 0.95 of the boundary by KL ~ scale^2 (at most max_kl_expand),
+    halved toward 1 while the KL measured there is still outside; scale 1 (the full update,
+    known to fit) if no stretch does."""
+    scale = min(cfg.max_kl_expand, 0.95 * math.sqrt(cfg.max_kl / max(full, 1e-12)))
+    for _ in range(TRUST_REGION_TRIES):
+        if scale <= 1.0:
+            break
+        kl = move_to(scale)
+        if kl <= cfg.max_kl:
+            return {"round_kl_full": full, "round_kl": kl, "trust_scale": scale}
+        scale = max(1.0, scale / 2)
+    move_to(1.0, measure=False)
+    return {"round_kl_full": full, "round_kl": full, "trust_scale": 1.0}
 
 
 def world() -> tuple[int, int]:
