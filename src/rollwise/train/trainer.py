@@ -272,7 +272,7 @@ def trust_region(model, before: list[torch.Tensor], items: list[dict], cfg, pad_
     held-out points while rounds near 1.5e-3 gained (docs/experiments); the optimizer's moments
     stay as the full steps left them. With cfg.max_kl_expand > 1 a round inside the region is
     stretched along its update toward the boundary, at most that factor, as TRPO steps to its
-    boundary: why, at lr 1e-5 rounds after the first two moved ~1e-3 and gained little."""
+    boundary (on SmolLM2 it gained no more than the plain region: docs/experiments)."""
     params = [p for p in model.parameters() if p.requires_grad]
     after = [p.detach().clone() for p in params]
 
@@ -292,7 +292,8 @@ def trust_region(model, before: list[torch.Tensor], items: list[dict], cfg, pad_
         kl = move_to(scale)
     else:
         if kl > cfg.max_kl:
-            scale, kl = 0.0, move_to(0.0, measure=False)
+            move_to(0.0, measure=False)
+            scale, kl = 0.0, 0.0
     return {"round_kl_full": full, "round_kl": kl, "trust_scale": scale}
 
 
@@ -300,15 +301,16 @@ def stretch(move_to, full: float, cfg) -> dict:
     """The update scaled up to 0.95 of the boundary by KL ~ scale^2 (at most max_kl_expand),
     halved toward 1 while the KL measured there is still outside; scale 1 (the full update,
     known to fit) if no stretch does."""
-    scale = min(cfg.max_kl_expand, 0.95 * math.sqrt(cfg.max_kl / max(full, 1e-12)))
+    scale, moved = min(cfg.max_kl_expand, 0.95 * math.sqrt(cfg.max_kl / max(full, 1e-12))), False
     for _ in range(TRUST_REGION_TRIES):
         if scale <= 1.0:
             break
-        kl = move_to(scale)
+        kl, moved = move_to(scale), True
         if kl <= cfg.max_kl:
             return {"round_kl_full": full, "round_kl": kl, "trust_scale": scale}
         scale = max(1.0, scale / 2)
-    move_to(1.0, measure=False)
+    if moved:
+        move_to(1.0, measure=False)
     return {"round_kl_full": full, "round_kl": full, "trust_scale": 1.0}
 
 
