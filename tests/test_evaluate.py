@@ -68,3 +68,30 @@ def test_report_has_a_checkpoint_selection_section():
     dropped = [c for line in table for c in line.split(" | ")[-1].rstrip(" |").split(", ")]
     assert sorted(c for c in dropped if c != "-") == sorted(set(names) - {chosen.winner})
     assert "Winner" not in markdown(summary, 300)  # no selection given: no section
+
+
+def test_paired_gain_pairs_on_tasks_both_ran_with_an_interval():
+    """Halving runs the weaker candidate on fewer tasks: the gain counts only tasks both ran,
+    and its 95% interval is the paired mean's (a task's difference is -1, 0 or +1)."""
+    import math
+
+    import pandas as pd
+
+    from rollwise.evaluate.report import paired_gain
+
+    first = [0, 0, 1, 1, 0, 1]
+    last = [1, 1, 1, 0, 1, 1]
+    rows = [
+        {"candidate": c, "task_id": f"t{i}", "success": s, "ran": True}
+        for c, col in (("round_00", first), ("round_02", last))
+        for i, s in enumerate(col)
+    ]
+    rows += [{"candidate": "round_02", "task_id": "t9", "success": 1, "ran": True},
+             {"candidate": "round_00", "task_id": "t9", "success": 0, "ran": False}]  # fmt: skip
+    g = paired_gain(pd.DataFrame(rows), "round_00", "round_02")
+    d = pd.Series(last) - pd.Series(first)  # +1 +1 0 -1 +1 0: t9 ran for one only
+    se = d.std(ddof=1) / math.sqrt(6)
+    assert g.tasks == 6 and math.isclose(g.gain_pts, 100 * d.mean())
+    assert math.isclose(g.lo, 100 * (d.mean() - 1.96 * se))
+    assert math.isclose(g.hi, 100 * (d.mean() + 1.96 * se))
+    assert g.lo < 0 < g.gain_pts < g.hi  # 3 up, 1 down on 6 tasks does not exclude 0

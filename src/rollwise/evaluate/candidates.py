@@ -166,7 +166,8 @@ def stage_metrics(
 ) -> dict:  # fmt: skip
     """What the stage records (DVC metrics file, MLflow): cells spent, the choice, and the warm
     start's and final round's success when the rounds were evaluated. With the cell `matrix`,
-    `gain_pts` is paired on the tasks both ran (halving runs a weaker one on fewer tasks)."""
+    `gain_pts` is paired on the tasks both ran (halving runs a weaker one on fewer tasks), with
+    its 95% interval (`gain_lo`, `gain_hi`)."""
     from rollwise.evaluate.report import paired_gain
 
     winner = {c.name: c for c in candidates}[chosen.winner]
@@ -187,8 +188,9 @@ def stage_metrics(
         metrics[f"{key}_reward"] = float(row["reward"])
     if matrix is None:
         return metrics | {"gain_pts": 100 * (last["success"] - first["success"])}
-    gain, n = paired_gain(matrix, first["candidate"], last["candidate"])
-    return metrics | {"gain_pts": gain, "gain_tasks": n}
+    g = paired_gain(matrix, first["candidate"], last["candidate"])
+    return metrics | {"gain_pts": g.gain_pts, "gain_tasks": g.tasks,
+                      "gain_lo": g.lo, "gain_hi": g.hi}  # fmt: skip
 
 
 MATRIX_COLUMNS = [

@@ -4,9 +4,11 @@ what the rollouts cost, and sample trajectories as text a person can read."""
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -220,14 +222,28 @@ def shipped_line(sel: Mapping) -> str:
     )
 
 
-def paired_gain(matrix: pd.DataFrame, first: str, last: str) -> tuple[float, int]:
-    """`last`'s success minus `first`'s, in points, on the tasks both ran (matrix.parquet), and
-    how many: halving runs a weaker candidate on fewer tasks, so unpaired means differ in tasks."""
+class PairedGain(NamedTuple):
+    """Final minus warm start in points on the tasks both ran, with a 95% normal interval of
+    the paired mean (each task's difference is -1, 0 or +1)."""
+
+    gain_pts: float
+    tasks: int
+    lo: float
+    hi: float
+
+
+def paired_gain(matrix: pd.DataFrame, first: str, last: str) -> PairedGain:
+    """`last`'s success minus `first`'s on the tasks both ran (matrix.parquet): halving runs a
+    weaker candidate on fewer tasks, so unpaired means differ in tasks; pairing also narrows the
+    interval, since both ran the same tasks."""
     ran = matrix[matrix["ran"]].pivot(index="task_id", columns="candidate", values="success")
     both = ran.reindex(columns=[first, last]).dropna().astype(float)
     if both.empty:
-        return float("nan"), 0
-    return 100 * float(both[last].mean() - both[first].mean()), len(both)
+        return PairedGain(float("nan"), 0, float("nan"), float("nan"))
+    d = both[last] - both[first]
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+    mean = float(d.mean())
+    return PairedGain(100 * mean, len(d), 100 * (mean - 1.96 * se), 100 * (mean + 1.96 * se))
 
 
 def run_summary(sel: Mapping, summary: pd.DataFrame, matrix: pd.DataFrame, folder: str) -> list:
@@ -253,9 +269,10 @@ def run_summary(sel: Mapping, summary: pd.DataFrame, matrix: pd.DataFrame, folde
             f"held-out success, {label:<10} {100 * row['success']:5.1f}%  (95% CI "
             f"{100 * row['success_lo']:.1f}–{100 * row['success_hi']:.1f}%) on {row['n']} tasks"
         )
-    gain, n = paired_gain(matrix, first["candidate"], last["candidate"])
-    lines.append(f"gain                          {gain:+5.1f} points on the {n} held-out tasks "
-                 "both ran (final minus warm start)")  # fmt: skip
+    g = paired_gain(matrix, first["candidate"], last["candidate"])
+    lines.append(f"gain                          {g.gain_pts:+5.1f} points (95% CI {g.lo:+.1f} to "
+                 f"{g.hi:+.1f}) on the {g.tasks} held-out tasks both ran "
+                 "(final minus warm start)")  # fmt: skip
     return lines
 
 
