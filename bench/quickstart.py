@@ -5,11 +5,13 @@ on the held-out tasks both ran: halving runs the warm start on fewer),
 per-stage wall times, and per-seed figures with the gain's 95% interval. Targets (issue 35):
 wall <= 900 s (stretch 600), gain >= +10 points with every seed's interval excluding 0.
 
-    .venv/bin/python bench/quickstart.py [--seeds 0 1 2] [KEY=VALUE ...] [--out FILE]
+    .venv/bin/python bench/quickstart.py [--seeds 0 1 2] [--recipe smollm2] [KEY=VALUE ...]
+        [--out FILE]
 
-KEY=VALUE overrides are written into each copy's params.yaml (a bad key fails by name before
-any seed runs), so another substrate is measured through the same `make run` job, e.g.
-`policy.model=SmolLM2-135M-Instruct rounds=2`.
+`--recipe` (bench/learning.py's RECIPES; default tiny: params.yaml as it is) and KEY=VALUE
+overrides are written into each copy's params.yaml (a bad key fails by name before any seed
+runs), so another substrate is measured through the same `make run` job, e.g.
+`--recipe smollm2 rounds=2 evaluate.max_tasks=96`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.learning import RECIPES  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from flows.summary import read_metrics, stage_walls  # noqa: E402
 from rollwise.config import (  # noqa: E402
@@ -106,36 +109,40 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--work", type=Path, default=ROOT / ".rollwise" / "bench")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quickstart.json")
+    parser.add_argument("--recipe", choices=list(RECIPES), default="tiny")
     parser.add_argument("overrides", nargs="*", help="params.yaml KEY=VALUE, e.g. rounds=2")
     args = parser.parse_args()
-    overrides = parse_overrides(args.overrides)
+    overrides = {**RECIPES[args.recipe], **parse_overrides(args.overrides)}
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     validate(apply_overrides(base, overrides), "quickstart overrides")  # fail before any seed
     runs = []
     for seed in args.seeds:  # a stopped run resumes: a seed finished at this code is kept
         done = args.work / f"seed_{seed}.result.json"
         kept = json.loads(done.read_text()) if done.exists() else {}
-        if (kept.get("git_commit") == STARTED_AT and kept.get("overrides") == args.overrides
+        if (kept.get("git_commit") == STARTED_AT and kept.get("overrides") == overrides
                 and not STARTED_AT.endswith("+uncommitted")):  # fmt: skip
             runs.append(kept["run"])
         else:
             runs.append(run_seed(seed, args.work, overrides))
-            record = {"git_commit": STARTED_AT, "overrides": args.overrides, "run": runs[-1]}
+            record = {"git_commit": STARTED_AT, "overrides": overrides, "run": runs[-1]}
             done.write_text(json.dumps(record) + "\n")
         print(json.dumps(runs[-1]), flush=True)
-        write(runs, args)
+        write(runs, args, overrides)
 
 
-def write(runs: list[dict], args: argparse.Namespace) -> None:
+def write(runs: list[dict], args: argparse.Namespace, overrides: dict) -> None:
     """The results file from the seeds run so far (`seeds_done`; every seed when finished)."""
     stage_names = runs[0]["stage_wall_s"].keys()
-    command = " ".join(["--seeds", *map(str, args.seeds), *args.overrides])
+    recipe = [] if args.recipe == "tiny" else ["--recipe", args.recipe]
+    command = " ".join(["--seeds", *map(str, args.seeds), *recipe, *args.overrides])
     if args.out != ROOT / "bench" / "results" / "quickstart.json":
         command += f" --out {args.out}"
+    make = "make bench  # " if command == "--seeds 0 1 2" else ""  # what `make bench` runs
     result = {
-        "command": "make bench  # .venv/bin/python bench/quickstart.py " + command,
+        "command": make + ".venv/bin/python bench/quickstart.py " + command,
         "git_commit": STARTED_AT,
-        "overrides": args.overrides,
+        "recipe": args.recipe,
+        "overrides": overrides,
         "seeds": args.seeds,
         "seeds_done": [r["seed"] for r in runs],
         "wall_s_median": statistics.median(r["wall_s"] for r in runs),
