@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -59,6 +58,7 @@ from bench.common import (  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise import loop  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E402
+from rollwise.evaluate.report import paired_difference  # noqa: E402
 from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
 from rollwise.rollout.engine import Limits  # noqa: E402
@@ -145,14 +145,10 @@ def headroom(model, tok, suite, p, start: pd.DataFrame, k: int) -> dict:
 
 def paired_gain(start: pd.DataFrame, end: pd.DataFrame) -> dict:
     """Gain in points over the tasks both ran, with a 95% normal interval of the paired mean."""
-    d = end.set_index("task_id")["success"] - start.set_index("task_id")["success"]
-    d = d.dropna()
+    d = (end.set_index("task_id")["success"] - start.set_index("task_id")["success"]).dropna()
     if d.empty:
         return {"gain_pts": 0.0, "lo": 0.0, "hi": 0.0, "tasks": 0}
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
-    mean = float(d.mean())
-    return {"gain_pts": 100 * mean, "lo": 100 * (mean - 1.96 * se),
-            "hi": 100 * (mean + 1.96 * se), "tasks": len(d)}  # fmt: skip
+    return paired_difference(d)._asdict()
 
 
 def scores(episodes: pd.DataFrame, unseen: set[str]) -> dict:

@@ -32,16 +32,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import bench_params  # noqa: E402
 from bench.learning import RECIPES  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from flows.summary import read_metrics, stage_walls  # noqa: E402
-from rollwise.config import (  # noqa: E402
-    apply_overrides,
-    dump_for_dvc,
-    load_params,
-    parse_overrides,
-    validate,
-)
+from rollwise.config import apply_overrides, dump_for_dvc, load_params, parse_overrides  # noqa: E402
 from rollwise.evaluate.report import paired_gain  # noqa: E402
 
 
@@ -113,8 +108,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="params.yaml KEY=VALUE, e.g. rounds=2")
     args = parser.parse_args()
     overrides = {**RECIPES[args.recipe], **parse_overrides(args.overrides)}
-    base = yaml.safe_load((ROOT / "params.yaml").read_text())
-    validate(apply_overrides(base, overrides), "quickstart overrides")  # fail before any seed
+    bench_params(overrides)  # a bad key fails by name before any seed runs
     runs = []
     for seed in args.seeds:  # a stopped run resumes: a seed finished at this code is kept
         done = args.work / f"seed_{seed}.result.json"

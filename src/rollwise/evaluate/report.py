@@ -240,7 +240,12 @@ def paired_gain(matrix: pd.DataFrame, first: str, last: str) -> PairedGain:
     both = ran.reindex(columns=[first, last]).dropna().astype(float)
     if both.empty:
         return PairedGain(float("nan"), 0, float("nan"), float("nan"))
-    d = both[last] - both[first]
+    return paired_difference(both[last] - both[first])
+
+
+def paired_difference(d: pd.Series) -> PairedGain:
+    """The mean of per-task differences in success (non-empty), in points, with its 95% normal
+    interval: what every paired gain in the project reports (the evaluate stage, the benches)."""
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
     mean = float(d.mean())
     return PairedGain(100 * mean, len(d), 100 * (mean - 1.96 * se), 100 * (mean + 1.96 * se))
