@@ -50,7 +50,7 @@ def test_sigterm_to_the_bench_terminates_its_workers(tmp_path):
         from bench.parallel import run_jobs
 
         def nap(seconds):
-            print(os.getpid(), flush=True)
+            os.write(1, f"{{os.getpid()}}\\n".encode())  # one write: two workers share the pipe
             time.sleep(seconds)
             return {{}}
 
