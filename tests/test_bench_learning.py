@@ -88,3 +88,22 @@ def test_merge_summarizes_per_seed_files_and_refuses_a_mixed_plan(tmp_path, monk
     monkeypatch.setattr(sys, "argv", ["learning.py", "--merge", files[0], files[0]])
     with pytest.raises(SystemExit, match="seed appears twice"):
         learning.main()
+
+
+def test_each_control_kind_is_compared_on_the_seeds_that_ran_it():
+    """RL's gain over a control is taken on the control's own seeds (same warm starts), kind by
+    kind, and the file's ratio is the strongest control's; a control that lost has no ratio."""
+
+    def run(seed, gain, control=None):
+        out = {"seed": seed, "heldout": {"gain_pts": gain}}
+        if control:
+            out["control"] = {"kind": control[0], "heldout": {"gain_pts": control[1]}}
+        return out
+
+    runs = [run(0, 9.0), run(1, 20.0, ("trainer", -3.0)), run(2, 30.0, ("sft", 25.0)),
+            run(3, 10.0, ("sft", 15.0))]  # fmt: skip
+    kinds = learning.controls_by_kind(runs)
+    assert kinds["trainer"] == {"seeds": [1], "gain_pts_median": -3.0, "rl_gain_pts_median": 20.0,
+                                "rl_vs_control_ratio": None}  # fmt: skip
+    assert kinds["sft"]["seeds"] == [2, 3] and kinds["sft"]["rl_vs_control_ratio"] == 1.0
+    assert learning.controls_by_kind([run(0, 9.0)]) == {}
