@@ -1,0 +1,169 @@
+"""envs/toolsmith.py and envs/tool_pool.py (SMITH): build tasks scored on three axes computed by
+hand, use tasks through pooled tools, admission on evidence, and hostile submissions as error
+observations (the code runs in the sandbox, never here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rollwise.envs.tool_pool import PooledTool, ToolPool, harvest
+from rollwise.envs.toolsmith import FAMILIES, Toolsmith, make_tasks, run_cases
+from rollwise.types import ToolCall
+
+SLUG_SCHEMA = FAMILIES["slugify"].schema()
+
+
+def build_task(name: str = "slugify"):
+    return next(t for t in make_tasks(per_family=1) if t.task_id == f"{name}-build-0")
+
+
+def submit(schema, code: str, task=None):
+    env = Toolsmith()
+    task = task or build_task()
+    env.reset(task, seed=0)
+    obs = env.step(ToolCall("define_tool", {"schema": schema, "code": code}))
+    return obs, env.verify("done", [])
+
+
+def test_every_oracle_passes_on_all_three_axes():
+    env = Toolsmith()
+    for task in make_tasks(per_family=1):
+        env.reset(task, seed=0)
+        observations = [env.step(call) for call in task.oracle]
+        rubric = env.verify(task.answer, list(task.oracle))
+        assert all(o.kind == "ok" for o in observations), (task.task_id, observations)
+        assert rubric.success and rubric.reward == 1.0, (task.task_id, rubric.scores)
+
+
+def test_the_three_axes_fail_apart_with_rewards_by_hand():
+    task = build_task()
+    shown = {e["args"]["title"]: e["out"] for e in task.target["examples"]}
+    memorized = f"def slugify(title):\n    return {shown!r}.get(title, 'x')\n"
+    obs, rubric = submit(SLUG_SCHEMA, memorized, task)
+    assert obs.kind == "ok" and json.loads(obs.content)["examples_passed"] == "3/3"
+    assert (rubric.scores["schema_valid"], rubric.scores["examples_pass"]) == (1.0, 1.0)
+    assert rubric.scores["answer_correct"] == 0.0  # held-out inputs it never saw
+    assert rubric.reward == pytest.approx((1 + 1 + 0) / 4) and not rubric.success
+
+    wrong_schema = {
+        **SLUG_SCHEMA,
+        "parameters": {"type": "object", "properties": {"title": {"type": "integer"}}},
+    }
+    obs, rubric = submit(wrong_schema, FAMILIES["slugify"].source(), task)
+    assert obs.kind == "tool_error" and "type 'integer'" in obs.content
+    assert rubric.scores == {
+        "schema_valid": 0.0,
+        "examples_pass": 1.0,
+        "answer_correct": 1.0,
+        "state_correct": 0.0,
+        "no_side_effects": 1.0,
+    }
+    assert rubric.reward == pytest.approx(3 / 4) and not rubric.success
+
+    half = "def slugify(title):\n    return title.lower().replace(' ', '-', 1)\n"
+    _, rubric = submit(SLUG_SCHEMA, half, task)
+    two_word = sum(len(e["args"]["title"].split()) <= 2 for e in task.target["examples"])
+    assert rubric.scores["examples_pass"] == pytest.approx(two_word / 3)
+
+    env = Toolsmith()
+    env.reset(task, seed=0)
+    assert env.verify("done", []).reward == 0.0  # nothing submitted: every axis 0
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\ndef slugify(title):\n    return os.getcwd()\n",
+        "def slugify(title):\n    return open('/etc/passwd').read()\n",
+        "def slugify(title):\n    while True:\n        pass\n",
+        "def slugify(title):\n    return ().__class__.__bases__[0].__subclasses__()\n",
+        "def slugify(title):\n    return slugify(title)\n",
+        "def slugify(title):\n    print('x' * 10**7)\n",
+        "slugify = 3",
+        "def slugify(title) return",
+    ],
+)
+def test_hostile_or_broken_submissions_are_error_observations(code, tmp_path):
+    before = set(Path.cwd().iterdir())
+    obs, rubric = submit(SLUG_SCHEMA, code)
+    assert obs.kind == "tool_error" and "examples_passed" in obs.content
+    assert rubric.scores["examples_pass"] == 0.0 and rubric.scores["answer_correct"] == 0.0
+    assert set(Path.cwd().iterdir()) == before
+
+
+def test_use_task_checks_arguments_and_calls_the_pooled_version():
+    task = next(t for t in make_tasks(per_family=1) if t.task_id == "slugify-use-0")
+    env = Toolsmith()
+    env.reset(task, seed=0)
+    assert env.tools()[0].name == "slugify"
+    assert env.step(ToolCall("slugify", {"text": "A b"})).kind == "tool_error"
+    assert env.step(ToolCall("initials", {"name": "A b"})).kind == "tool_error"
+    (call,) = task.oracle
+    assert json.loads(env.step(call).content)["result"] == task.answer
+    assert env.verify(task.answer, [call]).success and not env.verify("no", [call]).success
+    loud = "def slugify(title):\n    return title.upper()\n"  # placed by hand: not admitted
+    env = Toolsmith(pool=ToolPool([PooledTool("slugify", SLUG_SCHEMA, loud, "test", 0)]))
+    env.reset(task, seed=0)
+    assert json.loads(env.step(call).content)["result"] == call.arguments["title"].upper()
+
+
+def test_pool_admits_on_evidence_and_round_trips(tmp_path):
+    pool = ToolPool()
+    assert pool.admit("slugify", SLUG_SCHEMA, FAMILIES["slugify"].source(), "round 1 a") is None
+    memorized = "def slugify(title):\n    return 'ada-grace'\n"
+    assert "fresh inputs wrong" in pool.admit("slugify", SLUG_SCHEMA, memorized, "round 1 b")
+    assert "schema name" in pool.admit("slugify", {**SLUG_SCHEMA, "name": "s"}, "", "round 1 c")
+    assert "no family" in pool.admit("nope", {}, "", "round 1 d")
+    assert pool.verified_share() == pytest.approx(1 / 4) and pool.code("slugify")
+    pool.save(tmp_path / "pool_round_01.json")
+    back = ToolPool.load(tmp_path / "pool_round_01.json")
+    assert back == pool and back.code("clamp") is None
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        ToolPool.load(tmp_path / "bad.json")
+
+
+def test_harvest_offers_successful_builds_only():
+    code = FAMILIES["clamp"].source()
+    args = json.dumps({"schema": FAMILIES["clamp"].schema(), "code": code})
+    episodes = pd.DataFrame(
+        {
+            "episode_id": ["e1", "e2", "e3"],
+            "success": [True, False, True],
+            "task_id": ["clamp-build-0", "clamp-build-1", "clamp-use-0"],
+        }
+    )
+    steps = pd.DataFrame(
+        {
+            "episode_id": ["e1", "e2", "e3"],
+            "tool": ["define_tool"] * 2 + ["clamp"],
+            "arguments": [args, args, "{}"],
+        }
+    )
+    pool = ToolPool()
+    assert harvest(pool, episodes, steps, 3) == {"submitted": 1, "admitted": 1}
+    assert [t.origin for t in pool.built()] == ["round 3 episode e1"]
+
+
+def test_run_cases_reports_a_raising_case_as_none():
+    values, error = run_cases("def f(x):\n    return 10 // x\n", "f", [{"x": 2}, {"x": 0}])
+    assert values == [5, None] and error is None
+    assert run_cases("x = 1", "_f", [{}])[1].startswith("not a function name")
+
+
+def test_generate_stage_keeps_every_task_of_the_custom_env(tmp_path):
+    from rollwise.config import Params
+    from rollwise.envs.custom import generate_custom
+
+    cfg = Params().envs.model_copy(update={"custom": "rollwise.envs.toolsmith:toolsmith"})
+    counts = generate_custom(cfg, tmp_path)
+    assert counts == {"envs": len(FAMILIES), "tasks": len(make_tasks()), "oracle_rejected": 0}
+    catalog = pd.read_parquet(tmp_path / "catalog.parquet")
+    assert set(catalog["kind"]) == {"build", "use"} and set(catalog["split"]) == {
+        "train",
+        "heldout",
+    }
