@@ -19,7 +19,7 @@ arm's (target >= +5). Per round: the three axes' mean over build episodes, pool 
 share.
 
     .venv/bin/python bench/smith.py [key=value ...] [--recipe smollm2|tiny] [--seeds 0 1 2] \
-        [--rounds 8] [--work .rollwise/bench/smith] [--out bench/results/smith.json]
+        [--rounds 8] [--workers 2] [--work .rollwise/bench/smith] [--out bench/results/smith.json]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     warm_start_folder,
 )
 from bench.learning import RECIPES, heldout_episodes  # noqa: E402
+from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise import loop  # noqa: E402
 from rollwise.envs.tool_pool import ToolPool, harvest  # noqa: E402
@@ -103,6 +104,9 @@ def build_axes(episodes) -> dict:
 
 
 def run_arm(arm: str, seed: int, folder: Path, p, args, work: Path) -> dict:
+    """One arm of one seed from the seed's warm start `folder` (a process of its own with
+    --workers: everything it needs is in its arguments)."""
+    torch.set_num_threads(args.threads)
     cfg = arm_params(p, {**seeded(seed), "envs.custom": ARMS[arm], "rounds": args.rounds})
     suite, _ = suite_at(args.cache, cfg.envs)
     pool = ToolPool()
@@ -135,7 +139,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--eval-tasks", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads a process")
+    parser.add_argument("--workers", type=int, default=1, help="arms run side by side")
     parser.add_argument("--scripted-only", action="store_true", help="no model: part one only")
     parser.add_argument("--work", type=Path, default=ROOT / ".rollwise/bench/smith")
     parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise/bench/smith/cache")
@@ -148,12 +153,13 @@ def main() -> None:
     result = {"command": "python bench/smith.py " + " ".join(sys.argv[1:]),
               "git_commit": STARTED_AT, "recipe": args.recipe, "overrides": overrides,
               **scripted()}  # fmt: skip
-    runs = []
+    jobs = []
     for seed in [] if args.scripted_only else args.seeds:
         cfg = arm_params(p, {**seeded(seed), "warmstart.seed": seed})
         suite, _ = suite_at(args.cache, cfg.envs)
         folder = warm_start_folder(cfg, suite, args.cache)  # one start for both arms
-        runs += [run_arm(arm, seed, folder, p, args, args.work) for arm in ARMS]
+        jobs += [(arm, seed, folder, p, args, args.work) for arm in ARMS]
+    runs = run_jobs(run_arm, jobs, args.workers)
     by = {arm: {r["seed"]: r["use_success"] for r in runs if r["arm"] == arm} for arm in ARMS}
     diffs = [100 * (by["joint"][s] - by["use_only"][s]) for s in by["joint"]]
     result |= {"joint_minus_use_only_pts": float(np.median(diffs)) if diffs else None,
