@@ -293,23 +293,24 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for run in result["runs"]:
-        xs = [c["round"] for c in run["curve"]]
-        ax.plot(xs, [100 * c["success"] for c in run["curve"]], marker="o",
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, run in enumerate(result["runs"]):  # one colour a seed: solid, dashed, dotted
+        color, xs = f"C{k % 10}", [c["round"] for c in run["curve"]]
+        ax.plot(xs, [100 * c["success"] for c in run["curve"]], marker="o", color=color,
                 label=f"seed {run['seed']} held-out")  # fmt: skip
         unseen = [c["unseen_success"] for c in run["curve"]]
         if all(u is not None for u in unseen):
-            ax.plot(xs, [100 * u for u in unseen], ls="--", label=f"seed {run['seed']} unseen envs")
+            ax.plot(xs, [100 * u for u in unseen], ls="--", color=color, alpha=0.6,
+                    label=f"seed {run['seed']} unseen envs")  # fmt: skip
         if "control" in run:
             cs = run["control"]["curve"]
             ax.plot([c["round"] for c in cs], [100 * c["success"] for c in cs], ls=":",
-                    marker="x", label=f"seed {run['seed']} {run['control'].get('kind', 'trainer')} "
-                    "control")  # fmt: skip
+                    marker="x", color=color, label=f"seed {run['seed']} "
+                    f"{run['control'].get('kind', 'trainer')} control")  # fmt: skip
     ax.set_xlabel("RL round")
     ax.set_ylabel("greedy success (%)")
     ax.set_title(f"learning bench ({result['recipe']})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
