@@ -18,6 +18,7 @@ from rollwise.credit.diagnostics import ToyChain, reference_q, value_report
 from rollwise.credit.gigpo import gigpo
 from rollwise.credit.grpo import grpo
 from rollwise.credit.iapo import iapo
+from rollwise.credit.raft import raft
 from rollwise.credit.rloo import rloo
 from rollwise.credit.spo import spo
 from rollwise.credit.tracker import TRACKER_COLUMNS, attach, decay, from_json, to_json, walk
@@ -130,6 +131,27 @@ def episode(ep: str, group: str, reward: float, spans: list, answer: str | None 
 
 
 # ---------------------------------------------------------------------------- RLOO
+def test_raft_by_hand_fine_tunes_on_successes_only():
+    # success, not the trained reward: b's 0.5 rubric scores are no demos; an all-success group
+    # (GRPO's zero) still gets 1, and the trainer drops every failure's all-zero turns
+    from rollwise.train.trainer import training_batch
+
+    episodes = EPISODES.assign(success=[True, False, False, False, False, True, False])
+    adv = raft(episodes, STEPS, CreditConfig())
+    assert per_episode(adv) == {"a0": 1.0, "a1": 0.0, "a2": 0.0, "a3": 1.0, "b0": 0.0,
+                                "b1": 0.0, "b2": 0.0}  # fmt: skip
+    all_won = EPISODES.assign(success=True)
+    assert set(per_episode(raft(all_won, STEPS, CreditConfig())).values()) == {1.0}
+    n = [32] * len(episodes)
+    batch = training_batch(
+        episodes.assign(token_ids=[list(range(k)) for k in n], loss_mask=[[1] * k for k in n],
+                        logprobs=[[-1.0] * k for k in n]),
+        adv,
+    )  # fmt: skip
+    assert len(batch) == 2 and {tuple(i for i, a in enumerate(it["adv"]) if a) for it in batch} \
+        == {(10, 11, 12, 13, 20, 21, 22, 23, 24), (9, 10, 11, 12, 13, 14)}  # fmt: skip
+
+
 def test_rloo_by_hand():
     values = per_episode(rloo(EPISODES, STEPS, cfg()))
     # group a (1, 0, 0, 1): 1 - mean(0, 0, 1) = 2/3; 0 - mean(1, 0, 1) = -2/3; group b all equal

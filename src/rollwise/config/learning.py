@@ -114,12 +114,25 @@ class CreditConfig(Section):
     """Credit assignment (credit/): one estimator per method, one signature."""
 
     method: Literal[
-        "grpo", "rloo", "gigpo", "concal", "iapo", "spo", "spo_pp", "opd", "opdvr", "farca", "cosir"
+        "grpo",
+        "rloo",
+        "gigpo",
+        "concal",
+        "iapo",
+        "spo",
+        "spo_pp",
+        "raft",
+        "opd",
+        "opdvr",
+        "farca",
+        "cosir",
     ] = Field(
         "grpo",
         description="grpo (Shao et al. 2024, DeepSeekMath), rloo (Ahmadian et al. 2024, Back to "
         "Basics), gigpo (Feng et al. 2025), concal, iapo, spo (Single-stream Policy "
-        "Optimization, 2025) or spo_pp; concal, iapo and spo_pp are rollwise's designs. opd "
+        "Optimization, 2025) or spo_pp; concal, iapo and spo_pp are rollwise's designs. raft "
+        "(Dong et al. 2023: advantage 1 on verified successes, 0 else: fine-tuning on the "
+        "round's own successes). opd "
         "(on-policy distillation: the teacher's per-token log-ratio), opdvr (the same gated by "
         "the episode's verified success: OPDVR), farca (per-value fact checks weighted by their "
         "reliability: FARCA) add token terms to a base estimator; cosir scores team messages "

@@ -21,6 +21,7 @@ from rollwise.credit.grpo import grpo
 from rollwise.credit.iapo import iapo
 from rollwise.credit.opd import opd
 from rollwise.credit.opdvr import opdvr
+from rollwise.credit.raft import raft
 from rollwise.credit.rloo import rloo
 from rollwise.credit.spo import spo
 from rollwise.credit.spo_pp import spo_pp
@@ -44,6 +45,7 @@ ESTIMATORS = {
     "iapo": iapo,
     "spo": spo,
     "spo_pp": spo_pp,
+    "raft": raft,  # SFT on the round's own verified successes (credit/raft.py)
     "cosir": cosir,  # team episodes only (credit/cosir.py)
     "opd": opd,  # token terms on a base estimator (opd.py, opdvr.py, farca.py; inputs: signals.py)
     "opdvr": opdvr,
