@@ -2,7 +2,8 @@
 held-out use success over use-only training at equal rollouts?
 
 Scripted part (no model, every family): the oracle's build, a build that memorized its three
-examples, and a hostile one, each through `define_tool`: the three reward axes apart
+examples, the sibling family's reference (a tool recalled rather than read from the examples),
+and a hostile one, each through `define_tool`: the three reward axes apart
 (`scripted_axes`) and what the pool admits of each (`scripted_admitted`).
 
 Learning part, per seed: one warm start (SFT on the joint suite's train demos: build and use),
@@ -63,21 +64,24 @@ HOSTILE = "import os\ndef {name}(**kw):\n    return os.listdir('/')\n"
 
 
 def scripted() -> dict:
-    """Each family's oracle, memorized and hostile builds: the axes apart, and admission."""
+    """Each family's oracle, memorized, sibling and hostile builds: the axes apart, admission."""
     env, axes, admitted = Toolsmith(), {}, {}
     for task in make_tasks(per_family=1, kinds=("build",)):
-        name = task.env_id.removeprefix("smith-")
+        key = task.env_id.removeprefix("smith-")
+        family, name = FAMILIES[key], FAMILIES[key].name
         shown = {json.dumps(e["args"], sort_keys=True): e["out"] for e in task.target["examples"]}
         memorized = (f"import json\ndef {name}(**kw):\n    return {shown!r}"
                      ".get(json.dumps(kw, sort_keys=True))\n")  # fmt: skip
-        schema = FAMILIES[name].schema()
-        for label, code in (("oracle", FAMILIES[name].source()), ("memorized", memorized),
-                            ("hostile", HOSTILE.format(name=name))):  # fmt: skip
+        sibling = FAMILIES[family.sibling].source()  # the pair's other rule: a recalled tool
+        schema = family.schema()
+        builds = {"oracle": family.source(), "memorized": memorized, "sibling": sibling,
+                  "hostile": HOSTILE.format(name=name)}  # fmt: skip
+        for label, code in builds.items():
             env.reset(task, seed=0)
             env.step(ToolCall("define_tool", {"schema": schema, "code": code}))
             scores = env.verify("done", []).scores
             axes.setdefault(label, []).append([scores[a] for a in AXES])
-            why = ToolPool().admit(name, schema, code, f"scripted {label}")
+            why = ToolPool().admit(key, schema, code, f"scripted {label}")
             admitted.setdefault(label, []).append(why is None)
     return {"scripted_axes": {k: dict(zip(AXES, np.mean(v, axis=0).tolist(), strict=True))
                               for k, v in axes.items()},

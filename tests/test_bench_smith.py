@@ -24,7 +24,10 @@ def test_scripted_axes_and_both_arms_at_toy_size(tmp_path, monkeypatch):
     assert axes["oracle"] == {"schema_valid": 1.0, "examples_pass": 1.0, "answer_correct": 1.0}
     assert axes["memorized"]["examples_pass"] == 1.0 and axes["memorized"]["answer_correct"] == 0
     assert axes["hostile"]["examples_pass"] == 0.0
-    assert result["scripted_admitted"] == {"oracle": 1.0, "memorized": 0.0, "hostile": 0.0}
+    assert axes["sibling"]["examples_pass"] < 1.0 and axes["sibling"]["answer_correct"] == 0.0
+    assert result["scripted_admitted"] == {
+        "oracle": 1.0, "memorized": 0.0, "sibling": 0.0, "hostile": 0.0
+    }  # fmt: skip
     joint, use_only = result["runs"]
     assert (joint["arm"], use_only["arm"]) == ("joint", "use_only")
     assert joint["eval_tasks"] == use_only["eval_tasks"] == 4

@@ -5,13 +5,14 @@ observations (the code runs in the sandbox, never here)."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from rollwise.envs.tool_pool import PooledTool, ToolPool, harvest
-from rollwise.envs.toolsmith import FAMILIES, Toolsmith, make_tasks, run_cases
+from rollwise.envs.toolsmith import FAMILIES, Toolsmith, make_tasks, run_cases, telling_cases
 from rollwise.types import ToolCall
 
 SLUG_SCHEMA = FAMILIES["slugify"].schema()
@@ -37,6 +38,28 @@ def test_every_oracle_passes_on_all_three_axes():
         rubric = env.verify(task.answer, list(task.oracle))
         assert all(o.kind == "ok" for o in observations), (task.task_id, observations)
         assert rubric.success and rubric.reward == 1.0, (task.task_id, rubric.scores)
+
+
+def test_sibling_families_share_a_tool_and_only_the_examples_tell_them_apart():
+    # a build must read its examples: the sibling's reference (a recalled tool) has the right
+    # schema but fails an example and a held-out input, and the pool refuses it
+    for key, family in FAMILIES.items():
+        sibling = FAMILIES[family.sibling]
+        assert sibling.sibling == key and sibling.schema() == family.schema()
+    task = build_task("slugify_underscore")
+    assert "Write a tool named slugify:" in task.prompt and "_" in task.target["examples"][0]["out"]
+    obs, rubric = submit(SLUG_SCHEMA, FAMILIES["slugify"].source(), task)
+    assert json.loads(obs.content)["examples_passed"] == "0/3" and obs.kind == "tool_error"
+    assert rubric.scores["schema_valid"] == 1.0 and rubric.scores["answer_correct"] == 0.0
+    obs, rubric = submit(SLUG_SCHEMA, FAMILIES["slugify_underscore"].source(), task)
+    assert rubric.success and "def slugify(" in FAMILIES["slugify_underscore"].source()
+    excess, above = FAMILIES["total_excess"], FAMILIES["total_above"]
+    assert "fresh inputs wrong" in ToolPool().admit("total_excess", excess.schema(),
+                                                    above.source(), "recalled")  # fmt: skip
+    for key, family in FAMILIES.items():  # examples and held-out inputs each tell the pair apart
+        for part in (slice(0, 3), slice(3, 7)):
+            cases = telling_cases(family, random.Random(key))[part]
+            assert any(family.fn(**c) != FAMILIES[family.sibling].fn(**c) for c in cases), key
 
 
 def test_the_three_axes_fail_apart_with_rewards_by_hand():

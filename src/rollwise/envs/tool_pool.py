@@ -2,10 +2,11 @@
 
 A submitted tool (a build episode's schema and code) joins the pool only when its schema is
 valid and its code, run in the sandbox, matches the family's reference on `checks` fresh inputs
-that no prompt showed; the evidence is kept with it. Use tasks call a family's newest admitted
-version (envs/toolsmith.py); the reference tools stand in where nothing was admitted. One JSON
-file per round (`pool_round_NN.json`): what the policy had built by then, as data a later round
-or another machine reads back.
+that no prompt showed, among them one that the sibling family's rule gets wrong; the evidence is
+kept with it. Use tasks call a family's newest admitted version (envs/toolsmith.py); the
+reference tools stand in where nothing was admitted. One JSON file per round
+(`pool_round_NN.json`): what the policy had built by then, as data a later round or another
+machine reads back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollwise.envs.toolsmith import FAMILIES, run_cases, same, schema_errors
+from rollwise.envs.toolsmith import FAMILIES, run_cases, same, schema_errors, telling_cases
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,18 @@ class ToolPool:
     def admit(
         self, name: str, schema: object, code: str, origin: str, checks: int = 8
     ) -> str | None:
-        """Admit the tool if it earns it; None when admitted, else why not."""
+        """Admit the tool as family `name`'s (its key: a sibling pair shares the tool name) if it
+        earns it; None when admitted, else why not."""
         self.submitted += 1
         family = FAMILIES.get(name)
         if family is None:
             return f"no family {name!r}"
         rng = random.Random(f"pool/{name}/{origin}")
-        cases = [family.draw(rng) for _ in range(checks)]
-        errors = schema_errors(schema, name, cases[0])
+        cases = telling_cases(family, rng, checks, checks)  # a sibling's rule fails them
+        errors = schema_errors(schema, family.name, cases[0])
         if errors:
             return "; ".join(errors)
-        values, error = run_cases(code, name, cases)
+        values, error = run_cases(code, family.name, cases)
         wrong = sum(not same(v, family.fn(**c)) for v, c in zip(values, cases, strict=True))
         if wrong:
             return error or f"{wrong} of {checks} fresh inputs wrong"

@@ -69,36 +69,71 @@ WORDS = (
 
 # The reference tools: plain functions whose source is the build oracle's code (so it runs in
 # the sandbox under the same restrictions as a model's) and whose values are the expected ones.
+# Families come in sibling pairs that share a tool name, schema and description and differ in
+# one rule (a separator, a bound, a case rule): only a build's examples say which sibling it is,
+# so a build must read them, and a tool recalled from another task fails them.
 def slugify(title: str) -> str:
     return "-".join(title.lower().split())
+
+
+def slugify_underscore(title: str) -> str:
+    return "_".join(title.lower().split())
 
 
 def initials(name: str) -> str:
     return "".join(word[0].upper() for word in name.split())
 
 
+def initials_dotted(name: str) -> str:
+    return "".join(word[0].upper() + "." for word in name.split())
+
+
 def total_above(amounts: list, threshold: int) -> int:
     return sum(a for a in amounts if a > threshold)
+
+
+def total_excess(amounts: list, threshold: int) -> int:
+    return sum(a - threshold for a in amounts if a > threshold)
 
 
 def count_letter(text: str, letter: str) -> int:
     return text.lower().count(letter.lower())
 
 
+def count_letter_exact(text: str, letter: str) -> int:
+    return text.count(letter)
+
+
 def with_tax(price: int, percent: int) -> float:
     return round(price * (100 + percent) / 100, 2)
+
+
+def with_tax_whole(price: int, percent: int) -> int:
+    return round(price * (100 + percent) / 100)
 
 
 def reverse_words(text: str) -> str:
     return " ".join(reversed(text.split()))
 
 
+def reverse_each_word(text: str) -> str:
+    return " ".join(word[::-1] for word in text.split())
+
+
 def padded_id(number: int, width: int) -> str:
     return "ID-" + str(number).zfill(width)
 
 
+def padded_id_hash(number: int, width: int) -> str:
+    return "ID#" + str(number).zfill(width)
+
+
 def clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
+
+
+def clamp_below_high(value: int, low: int, high: int) -> int:
+    return max(low, min(high - 1, value))
 
 
 def phrase(rng: random.Random, n: int) -> str:
@@ -107,16 +142,24 @@ def phrase(rng: random.Random, n: int) -> str:
 
 @dataclass(frozen=True)
 class Family:
-    """One tool to build and use: its reference, what the prompt says, how inputs are drawn."""
+    """One tool to build and use: its reference, what the prompt says, how inputs are drawn.
+    `tool` is the name the policy sees (a sibling pair shares it); `key` (the reference's own
+    name) tells the pair apart in task ids, env ids and the pool."""
 
     fn: Callable
     description: str
     question: str  # a use task's question, formatted with the arguments
     draw: Callable[[random.Random], dict]
+    tool: str = ""  # "": the reference's own name
+    sibling: str = ""  # the key of the family sharing this one's tool name
+
+    @property
+    def key(self) -> str:
+        return self.fn.__name__
 
     @property
     def name(self) -> str:
-        return self.fn.__name__
+        return self.tool or self.fn.__name__
 
     def schema(self) -> dict:
         """The reference schema (OpenAI function style), types from the annotations."""
@@ -130,7 +173,8 @@ class Family:
         }
 
     def source(self) -> str:
-        return inspect.getsource(self.fn)
+        """The reference's code, its function named as the tool is."""
+        return inspect.getsource(self.fn).replace(f"def {self.key}(", f"def {self.name}(", 1)
 
 
 def eval_hint(annotation) -> type:
@@ -138,66 +182,100 @@ def eval_hint(annotation) -> type:
     return {"str": str, "int": int, "list": list, "float": float}.get(annotation, annotation)
 
 
+def pair(first: Callable, second: Callable, description: str, question: str, draw) -> list:
+    """Two sibling families: one tool name, description, question and input draw, two rules."""
+    return [
+        Family(first, description, question, draw, sibling=second.__name__),
+        Family(second, description, question, draw, first.__name__, first.__name__),
+    ]
+
+
+def draw_amounts(r: random.Random) -> dict:
+    amounts = [r.randint(1, 99) for _ in range(r.randint(3, 6))]
+    return {"amounts": amounts, "threshold": r.randint(10, 60)}
+
+
+def draw_range(r: random.Random) -> dict:
+    return {"value": r.randint(-50, 150), "low": r.randint(0, 20), "high": r.randint(60, 100)}
+
+
 FAMILIES: dict[str, Family] = {
-    f.name: f
+    f.key: f
     for f in (
-        Family(
+        *pair(
             slugify,
-            "lowercase a title and join its words with hyphens",
+            slugify_underscore,
+            "lowercase a title and join its words with a separator",
             "What is the URL slug of the title '{title}'?",
             lambda r: {"title": phrase(r, r.randint(2, 4))},
         ),
-        Family(
+        *pair(
             initials,
-            "the upper-case first letter of each word of a name",
+            initials_dotted,
+            "the initials of a name, upper case",
             "What are the initials of {name}?",
             lambda r: {"name": phrase(r, r.randint(2, 3))},
         ),
-        Family(
+        *pair(
             total_above,
-            "the sum of the amounts strictly greater than the threshold",
+            total_excess,
+            "a total over the amounts strictly greater than the threshold",
             "What is the total of the amounts {amounts} above {threshold}?",
-            lambda r: {
-                "amounts": [r.randint(1, 99) for _ in range(r.randint(3, 6))],
-                "threshold": r.randint(10, 60),
-            },
+            draw_amounts,
         ),
-        Family(
+        *pair(
             count_letter,
-            "how often a letter occurs in a text, ignoring case",
+            count_letter_exact,
+            "how often a letter occurs in a text",
             "How many times does the letter '{letter}' occur in '{text}'?",
             lambda r: {"text": phrase(r, 3), "letter": r.choice("aeinorst")},
         ),
-        Family(
+        *pair(
             with_tax,
-            "a price with a percentage tax added, rounded to cents",
+            with_tax_whole,
+            "a price with a percentage tax added, rounded",
             "What is {price} with {percent}% tax?",
             lambda r: {"price": r.randint(5, 500), "percent": r.choice([5, 8, 12, 20, 25])},
         ),
-        Family(
+        *pair(
             reverse_words,
-            "the words of a text in reverse order",
+            reverse_each_word,
+            "the text reversed word by word",
             "What is '{text}' with its words reversed?",
             lambda r: {"text": phrase(r, r.randint(2, 4))},
         ),
-        Family(
+        *pair(
             padded_id,
-            "'ID-' followed by the number zero-padded to the width",
+            padded_id_hash,
+            "'ID', a mark, then the number zero-padded to the width",
             "What is the ID of number {number} padded to width {width}?",
             lambda r: {"number": r.randint(1, 999), "width": r.randint(4, 6)},
         ),
-        Family(
+        *pair(
             clamp,
-            "the value limited to the range from low to high",
+            clamp_below_high,
+            "the value limited to the range given by low and high",
             "What is {value} clamped to [{low}, {high}]?",
-            lambda r: {
-                "value": r.randint(-50, 150),
-                "low": r.randint(0, 20),
-                "high": r.randint(60, 100),
-            },
+            draw_range,
         ),
     )
 }
+
+
+def telling_cases(family: Family, rng: random.Random, n: int = 7, shown: int = 3) -> list[dict]:
+    """`n` inputs that tell the family from its sibling in both parts, the first `shown` (a
+    build's examples) and the rest (its held-out inputs): each part has an input whose output
+    differs under the sibling's rule (redrawn until it does)."""
+    other = FAMILIES.get(family.sibling)
+
+    def tells(part: list[dict]) -> bool:
+        return not part or any(family.fn(**c) != other.fn(**c) for c in part)
+
+    for _ in range(1000):
+        cases = [family.draw(rng) for _ in range(n)]
+        if other is None or (tells(cases[:shown]) and tells(cases[shown:])):
+            return cases
+    raise RuntimeError(f"{family.key}: no draw tells it from {family.sibling}")
 
 
 def call_text(name: str, args: dict) -> str:
@@ -227,7 +305,7 @@ def make_tasks(
         rng = random.Random(f"{seed}/{name}")
         for i in range(per_family):
             split = "heldout" if i < round(per_family * heldout_share) else "train"
-            cases = [family.draw(rng) for _ in range(7)]
+            cases = telling_cases(family, rng)
             io = [{"args": a, "out": family.fn(**a)} for a in cases]
             if "build" in kinds:
                 schema, code = family.schema(), family.source()
@@ -238,7 +316,7 @@ def make_tasks(
                         "build",
                         build_prompt(family, io[:3]),
                         (ToolCall("define_tool", {"schema": schema, "code": code}),),
-                        f"defined {name}",
+                        f"defined {family.name}",
                         split,
                         target={"examples": io[:3], "heldout": io[3:]},
                     )
@@ -251,7 +329,7 @@ def make_tasks(
                         f"smith-{name}",
                         "use",
                         family.question.format(**ask["args"]),
-                        (ToolCall(name, ask["args"]),),
+                        (ToolCall(family.name, ask["args"]),),
                         answer_text(ask["out"]),
                         split,
                     )
@@ -392,7 +470,7 @@ class Toolsmith:
             return Observation(
                 json.dumps({"error": f"arguments must be {sorted(expected)}"}), "tool_error"
             )
-        code = self.pool.code(family.name) if self.pool is not None else None
+        code = self.pool.code(family.key) if self.pool is not None else None
         values, error = run_cases(code or family.source(), family.name, [call.arguments])
         if values[0] is None:
             return Observation(json.dumps({"error": error or "the tool raised"}), "tool_error")
