@@ -9,10 +9,11 @@ and a hostile one, each through `define_tool`: the three reward axes apart
 Learning part, per seed: one warm start (SFT on the joint suite's train demos: build and use),
 then `--rounds` rounds (rollwise.loop.run_rounds, the stages' own functions) in each arm, the
 same tasks a round and samples a task, so equal rollouts:
-- `joint`: build and use tasks (`envs.custom: rollwise.envs.toolsmith:toolsmith`); after every
-  round the successful builds are offered to the tool pool (admitted on fresh-input evidence,
-  envs/tool_pool.py), written as `pool_round_NN.json`, and later use episodes call the pool's
-  newest admitted version;
+- `joint`: build and use tasks (`envs.custom: rollwise.envs.toolsmith:toolsmith`); every
+  round's curate step offers the successful builds to the tool pool (admitted on fresh-input
+  evidence, envs/tool_pool.py; the pipeline's data/curated/round_NN/tool_pool.json), the bench
+  writes each version as `pool_round_NN.json`, and later use episodes call the pool's newest
+  admitted version;
 - `use_only`: the same use tasks, no build tasks (`...:toolsmith_use_only`).
 Held-out use success (greedy, the same held-out use tasks for both arms) before and after;
 `joint_minus_use_only_pts` is the median over seeds of the joint arm's final minus the use-only
@@ -51,7 +52,7 @@ from bench.learning import RECIPES, heldout_episodes  # noqa: E402
 from bench.parallel import run_jobs  # noqa: E402
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise import loop  # noqa: E402
-from rollwise.envs.tool_pool import ToolPool, harvest  # noqa: E402
+from rollwise.envs.tool_pool import ToolPool  # noqa: E402
 from rollwise.envs.toolsmith import AXES, FAMILIES, Toolsmith, make_tasks  # noqa: E402
 from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.types import ToolCall  # noqa: E402
@@ -98,35 +99,24 @@ def use_success(model, tok, suite, p, n: int) -> tuple[float, list[str]]:
     return float(episodes["success"].mean()), list(episodes["task_id"])
 
 
-def build_axes(episodes) -> dict:
-    builds = episodes[episodes["task_id"].str.contains("-build-")]
-    if builds.empty:
-        return {}
-    rubrics = [json.loads(r) if isinstance(r, str) else r for r in builds["rubric"]]
-    scores = [r.get("scores", r) for r in rubrics]
-    return {a: float(np.mean([s.get(a, 0.0) for s in scores])) for a in AXES}
-
-
 def run_arm(arm: str, seed: int, folder: Path, p, args, work: Path) -> dict:
     """One arm of one seed from the seed's warm start `folder` (a process of its own with
     --workers: everything it needs is in its arguments)."""
     torch.set_num_threads(args.threads)
     cfg = arm_params(p, {**seeded(seed), "envs.custom": ARMS[arm], "rounds": args.rounds})
     suite, _ = suite_at(args.cache, cfg.envs)
-    pool = ToolPool()
-    for env in {id(e): e for e in suite.envs.values()}.values():
-        env.pool = pool  # use episodes call the newest admitted version (clones share it)
     model, tok = load_policy(folder)
     eval_suite, _ = suite_at(args.cache, arm_params(p, {"envs.custom": ARMS["joint"]}).envs)
     start, _ = use_success(model, tok, eval_suite, cfg, args.eval_tasks)
     rounds, t0 = [], time.perf_counter()
 
-    def on_round(r: int, done: loop.Round) -> None:
-        counts = harvest(pool, done.rollout.episodes, done.rollout.steps, r)
-        pool.save(work / f"{arm}_seed{seed}" / f"pool_round_{r:02d}.json")
+    def on_round(r: int, done: loop.Round) -> None:  # the pool: the curate stage's (loop.py)
+        done.curated.tools.save(work / f"{arm}_seed{seed}" / f"pool_round_{r:02d}.json")
+        m = done.curated.metrics
         rounds.append({"round": r, "sample_success": done.rollout.metrics["success_rate"],
-                       **build_axes(done.rollout.episodes), **counts,
-                       "pool_built": len(pool.built()), "verified_share": pool.verified_share(),
+                       **{a: m[a] for a in AXES if a in m}, "submitted": m["tools_submitted"],
+                       "admitted": m["tools_admitted"], "pool_built": m["tools_built"],
+                       "verified_share": m.get("tools_verified_share"),
                        "wall_s": time.perf_counter() - t0})  # fmt: skip
         print(json.dumps({"arm": arm, "seed": seed, **rounds[-1]}), flush=True)
 

@@ -207,6 +207,7 @@ def round_state(root: Path, r: str, *parts: str):
     """The loop.RoundState round `r`'s stages left on disk, the `parts` a stage reads of it:
     "rollout" (the scheduler's history), "curate" (quarantine and success bank), "credit"
     (SPO's tracker and the drift so far). A missing or damaged file names its stage."""
+    from rollwise.envs.tool_pool import POOL_FILE
     from rollwise.loop import RoundState
 
     state = RoundState()
@@ -217,6 +218,8 @@ def round_state(root: Path, r: str, *parts: str):
         stage = stage_of_state(r, "curate")
         state.quarantine = read_table(folder / "quarantine.parquet", stage)
         state.bank = read_table(folder / "success_bank.parquet", stage)
+        if (folder / POOL_FILE).exists():  # a tool-building suite's pool (SMITH)
+            state.tools = read_tool_pool(folder / POOL_FILE, stage)
     if "credit" in parts:
         from rollwise.credit.tracker import from_json
 
@@ -226,6 +229,16 @@ def round_state(root: Path, r: str, *parts: str):
 
 
 CREDIT_STATE = "credit_state.json"
+
+
+def read_tool_pool(path: Path, stage: str):
+    """The tool pool a curate stage wrote; damaged, the error names the file and the stage."""
+    from rollwise.envs.tool_pool import ToolPool
+
+    try:
+        return ToolPool.load(path)
+    except ValueError as e:
+        raise corrupt(path, stage, e) from e
 
 
 def read_history(root: Path, r: str):

@@ -10,6 +10,8 @@ Writes:
   quarantine.parquet    tasks the next round's scheduler skips (curate/filters.py)
   success_bank.parquet  verified successes per task, merged with the previous round's
   positives.parquet     banked successes of this round's tasks as episodes (replay_positives>0)
+  tool_pool.json        a tool-building suite's (SMITH) pool: round NN-1's with this round's
+                        admitted builds (envs/tool_pool.py); the next rollout calls it
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from rollwise import loop
 from rollwise.config import Params
+from rollwise.envs.tool_pool import POOL_FILE
 from tasks.common import (
     atomic_dir,
     envs_dir,
@@ -41,6 +44,8 @@ def run(params: Params, root: Path, r: str) -> dict:
     with atomic_dir(round_dir(root, "curated", r)) as out:
         for name, table in done.tables.items():
             table.to_parquet(out / f"{name}.parquet")
+        if done.tools is not None:
+            done.tools.save(out / POOL_FILE)
     if params.curate.bank_url:
         from rollwise.curate.success_bank import publish
 

@@ -190,3 +190,49 @@ def test_generate_stage_keeps_every_task_of_the_custom_env(tmp_path):
         "train",
         "heldout",
     }
+
+
+def test_curate_stage_versions_the_tool_pool_and_the_next_rollout_calls_it(tmp_path):
+    """The pipeline's pool: curate@01 harvests round 01's successful builds into
+    data/curated/round_01/tool_pool.json with the three axes in its metrics; round 02's state
+    reads it back and the rollout binds it; a damaged file names itself and its stage."""
+    from rollwise.artifacts import CorruptArtifact
+    from rollwise.config import Params, rounds_dict
+    from rollwise.envs.custom import generate_custom
+    from rollwise.envs.runtime import load_suite
+    from rollwise.loop import bind_tools
+    from tasks import curate
+    from tasks.common import round_state
+    from tests.test_curate import frames, run_script, write_rollouts
+
+    envs = Params().envs.model_copy(update={"custom": "rollwise.envs.toolsmith:toolsmith"})
+    generate_custom(envs, tmp_path / "envs")
+    suite = load_suite(tmp_path / "envs")
+    family = FAMILIES["clamp"]
+    task = suite.tasks["clamp-build-0"]
+    suite.envs[task.env_id].audit = []  # run_script reads a synthetic env's fault audit: none
+    define = lambda code: [ToolCall("define_tool", {"schema": family.schema(), "code": code})]  # noqa: E731
+    right = run_script(suite, task, 0, define(family.source()), "done", "r01/right")
+    recalled = define(FAMILIES[family.sibling].source())  # the sibling's rule: fails, unoffered
+    wrong = run_script(suite, task, 1, recalled, "done", "r01/wrong")
+    assert right[0]["success"] and not wrong[0]["success"]
+    episodes, steps = frames([right, wrong])
+    write_rollouts(tmp_path, tmp_path / "envs", episodes, steps)
+    metrics = curate.run(Params(rounds=rounds_dict(2), envs=envs), tmp_path, "01")
+    rubrics = [json.loads(e[0]["rubric"]) for e in (right, wrong)]
+    for axis in ("schema_valid", "examples_pass", "answer_correct"):
+        assert metrics[axis] == pytest.approx(sum(r[axis] for r in rubrics) / 2)
+    assert (metrics["tools_submitted"], metrics["tools_admitted"], metrics["tools_built"]) == (
+        1, 1, 1)  # fmt: skip
+    path = tmp_path / "data" / "curated" / "round_01" / "tool_pool.json"
+    state = round_state(tmp_path, "01", "curate")
+    assert [t.origin for t in state.tools.built()] == ["round 1 episode r01/right"]
+    assert state.tools.code("clamp") == family.source()
+    bind_tools(suite, state.tools, "local")
+    assert all(env.pool is state.tools for env in suite.envs.values())
+    with pytest.raises(ValueError, match="rollout.executor 'ray'"):
+        bind_tools(suite, state.tools, "ray")
+    path.write_text("{not json")
+    with pytest.raises(CorruptArtifact, match="tool_pool.json") as err:
+        round_state(tmp_path, "01", "curate")
+    assert "curate@01" in str(err.value)

@@ -52,8 +52,9 @@ def empty_tracker() -> pd.DataFrame:
 class RoundState:
     """What a round continues from besides the weights: what the scheduler observed, the
     curator's success bank and quarantine, SPO's tracker and the KL each policy version
-    travelled, the guard's last and best validation success, and the trainer's snapshot
-    (optimizer moments, RNGs, optimizer steps: train/trainer.py snapshot)."""
+    travelled, the guard's last and best validation success, the trainer's snapshot
+    (optimizer moments, RNGs, optimizer steps: train/trainer.py snapshot), and SMITH's tool pool
+    where the suite builds tools (envs/tool_pool.py; None: none yet)."""
 
     history: pd.DataFrame | None = None
     bank: pd.DataFrame = field(default_factory=empty_bank)
@@ -62,6 +63,7 @@ class RoundState:
     drift: dict[int, float] = field(default_factory=lambda: {0: 0.0})
     guard: tuple[float, float] | None = None  # (start, best); None: not measured yet
     trainer: dict | None = None
+    tools: Any = None  # envs.tool_pool.ToolPool
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -92,6 +94,7 @@ def rollout(
     policy_round = r - 1 if policy_round is None else policy_round
     budget = Budget(params.schedule.tasks_per_round, cfg.samples_per_task, r,
                     params.schedule.seed * 1000 + r)  # fmt: skip
+    bind_tools(suite, state.tools, cfg.executor)
     catalog = schedulable(suite.catalog, state.quarantine, params.schedule.kinds)
     knobs = getattr(params.schedule, method, None)  # the method's own section; random has none
     plan, schedule_s = timed(SCHEDULERS[method], catalog, state.history, budget, knobs)
@@ -154,6 +157,27 @@ def schedulable(
     return out if not kinds else out[out["kind"].isin(kinds)]
 
 
+def builds_tools(suite: Suite) -> bool:
+    """Whether the suite's environments call a tool pool (SMITH's, envs/toolsmith.py)."""
+    return any(hasattr(env, "pool") for env in suite.envs.values())
+
+
+def bind_tools(suite: Suite, tools, executor: str) -> None:
+    """Point the suite's tool-calling environments at the pool the round continues from (their
+    episodes' clones share it). Remote workers rebuild environments from the suite folder and
+    would call the reference tools instead: refused rather than run on the wrong tools."""
+    if tools is None or not builds_tools(suite):
+        return
+    if executor != "local" and tools.built():
+        raise ValueError(
+            f"rollout.executor {executor!r}: the tool pool travels only with the local "
+            "executor; set rollout.executor: local for a tool-building suite"
+        )
+    for env in suite.envs.values():
+        if hasattr(env, "pool"):
+            env.pool = tools
+
+
 def opening_demonstrations(params: Params, bank: pd.DataFrame, suite, plan, tokenizer):
     """With `curate.demonstrations`, the best banked success of each planned task as opening
     messages, and the tasks whose demonstration would overflow the context (skipped)."""
@@ -195,6 +219,7 @@ def rollout_metrics(episodes: pd.DataFrame) -> dict:
 class Curated:
     tables: dict[str, pd.DataFrame]  # by file stem: attributions, decisions, quarantine, ...
     metrics: dict
+    tools: Any = None  # this round's envs.tool_pool.ToolPool (None: the suite builds none)
 
     @property
     def decisions(self) -> pd.DataFrame:
@@ -229,7 +254,13 @@ def curate(
         tasks = list(episodes["task_id"].unique())
         tables["positives"] = success_bank.positives(prior, tasks, cfg.replay_positives, r)
     metrics = curate_metrics(attributions, decisions, quarantined, bank, recheck_calls)
-    return Curated(tables, metrics)
+    tools = None
+    if builds_tools(suite):  # admitted on fresh-input evidence, not on the episode's reward
+        from rollwise.envs.tool_pool import harvest_round
+
+        tools, tool_metrics = harvest_round(state.tools, episodes, steps, r)
+        metrics |= tool_metrics
+    return Curated(tables, metrics, tools)
 
 
 def curate_metrics(attributions, decisions, quarantined, bank, recheck_calls: int) -> dict:
@@ -466,6 +497,7 @@ def run_round(
         drift=next_drift(state.drift, r, r - 1, travelled_kl(tr.metrics)),
         guard=start_best,
         trainer=tr.trainer,
+        tools=cu.tools,
     )
     return after, Round(ro, cu, cr, tr)
 

@@ -6,7 +6,9 @@ that no prompt showed, among them one that the sibling family's rule gets wrong;
 kept with it. Use tasks call a family's newest admitted version (envs/toolsmith.py); the
 reference tools stand in where nothing was admitted. One JSON file per round
 (`pool_round_NN.json`): what the policy had built by then, as data a later round or another
-machine reads back.
+machine reads back. In the pipeline the curate stage harvests each round into
+`data/curated/round_NN/tool_pool.json` (POOL_FILE, a DVC output) and the next rollout calls it
+(rollwise.loop: `RoundState.tools`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollwise.envs.toolsmith import FAMILIES, run_cases, same, schema_errors, telling_cases
+from rollwise.envs.toolsmith import AXES, FAMILIES, run_cases, same, schema_errors, telling_cases
+
+POOL_FILE = "tool_pool.json"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class ToolPool:
         body = {"submitted": self.submitted, "tools": [asdict(t) for t in self.tools]}
         path.write_text(json.dumps(body, indent=1) + "\n")
 
+    def copy(self) -> ToolPool:
+        """A new version to extend: a round's harvest never edits the pool it continues from."""
+        return ToolPool(list(self.tools), self.submitted)
+
     @classmethod
     def load(cls, path: Path) -> ToolPool:
         try:
@@ -100,3 +108,28 @@ def harvest(pool: ToolPool, episodes: pd.DataFrame, steps: pd.DataFrame, r: int)
         )
         admitted += why is None
     return {"submitted": offered, "admitted": admitted}
+
+
+def build_axes(episodes: pd.DataFrame) -> dict[str, float]:
+    """SMITH's three axes (schema valid, examples pass, answer correct), each a mean over the
+    round's build episodes, apart so each shows its own failures ({} without builds)."""
+    builds = episodes[episodes["task_id"].str.contains("-build-")]
+    if builds.empty:
+        return {}
+    rubrics = [json.loads(r) if isinstance(r, str) else r for r in builds["rubric"]]
+    scores = [r.get("scores", r) for r in rubrics]
+    return {a: float(sum(s.get(a, 0.0) for s in scores) / len(scores)) for a in AXES}
+
+
+def harvest_round(
+    pool: ToolPool | None, episodes: pd.DataFrame, steps: pd.DataFrame, r: int
+) -> tuple[ToolPool, dict]:
+    """Round r's pool version (the previous one extended by its admitted builds; None: an empty
+    start) and the round's tool metrics: the axes, submissions, admissions, pool size."""
+    pool = ToolPool() if pool is None else pool.copy()
+    counts = harvest(pool, episodes, steps, r)
+    share = pool.verified_share()
+    metrics = {**build_axes(episodes), "tools_submitted": counts["submitted"],
+               "tools_admitted": counts["admitted"], "tools_built": len(pool.built()),
+               **({} if share is None else {"tools_verified_share": share})}  # fmt: skip
+    return pool, metrics
