@@ -174,12 +174,12 @@ def run_sft_control(p: Params, suite: Suite, model, tok, rounds: int, n: int, on
     import tempfile
 
     from rollwise.train.sft import sft
-    from rollwise.train.warmstart import augment_suites, demos_with_kinds
+    from rollwise.train.warmstart import augment_suites, demo_limits, demos_with_kinds
 
     w = p.warmstart
     with tempfile.TemporaryDirectory() as scratch:
         suites = [suite, *augment_suites(p, Path(scratch))]
-        seqs, kinds = demos_with_kinds(suites, tok, w.direct_answer_share, w.seed)
+        seqs, kinds = demos_with_kinds(suites, tok, w.direct_answer_share, w.seed, demo_limits(p))
     per_round = max(1, n // w.batch_size)
     cfg = w.model_copy(update={"steps": rounds * per_round, "seed": w.seed + 1})
 

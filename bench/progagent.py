@@ -10,9 +10,10 @@ Per mode and scale: success under policy.max_context, and the context tokens an 
 length; rollout.max_new_tokens is 48 by default). Token counts are the word-level tokenizer's
 of the tiny policy (policy/build.py), fit on the base suite; ids past 999 count as one token.
 
-Not here: the trained-policy comparison (`code_minus_direct_pts_at_largest_scale`) needs a
-learning substrate for code actions (a warm start on code oracles, RL in code mode) that does
-not exist yet; it is written as null.
+Not here: the trained-policy comparison (`code_minus_direct_pts_at_largest_scale`): warm
+starts on direct and on code oracles now exist (`rollout.action_mode: code` makes the warm start
+demonstrate in code, train/sft.py), and RL runs in either mode, but the runs at every scale
+under both interfaces have not been made; it is written as null.
 
     .venv/bin/python bench/progagent.py [--out bench/results/progagent.json]
 """

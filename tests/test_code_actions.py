@@ -113,6 +113,40 @@ def test_a_code_mode_episode_is_token_exact_with_its_loss_mask(code_run):
         assert tok.decode(ids) == rendered.removesuffix("\n")
 
 
+def test_a_code_mode_warm_start_demo_is_the_engines_episode_token_for_token(code_run):
+    """SFT in code mode (rollout.action_mode: code) trains on what a code-mode rollout of the
+    oracle is: the same ids, the same mask; direct demos of the same tasks differ."""
+    from rollwise.train.sft import oracle_sequence
+
+    suite, tok, tasks, episodes, _ = code_run
+    for task, ep in zip(tasks, episodes, strict=True):
+        ids, mask = oracle_sequence(task, clone_env(suite.envs[task.env_id]), tok, CODE)
+        assert ids == list(ep["token_ids"]) and mask == list(ep["loss_mask"])
+        direct, _ = oracle_sequence(task, clone_env(suite.envs[task.env_id]), tok)
+        assert direct != ids
+
+
+def test_the_warm_start_demonstrates_in_the_rollouts_action_mode(code_run):
+    from rollwise.config import validate
+    from rollwise.train.warmstart import demo_limits, demos_with_kinds
+
+    suite, tok, _, _, _ = code_run
+    for mode, fence in (("code", True), ("direct", False)):
+        params = validate({"rollout": {"action_mode": mode}})
+        seqs, _ = demos_with_kinds([suite], tok, 0.0, 0, demo_limits(params))
+        texts = [tok.decode(ids) for ids, _ in seqs]
+        assert all(("```python" in t) == fence and ("<tool_call>" in t) != fence for t in texts)
+
+
+def test_code_mode_warm_starts_are_cached_apart_from_direct_ones():
+    from rollwise.config import validate
+    from rollwise.loop import warmstart_key
+
+    direct, code = validate({}), validate({"rollout": {"action_mode": "code"}})
+    assert warmstart_key(direct) != warmstart_key(code)
+    assert warmstart_key(direct) == warmstart_key(validate({"rollout": {"max_turns": 3}}))
+
+
 def test_hostile_code_in_an_episode_is_a_tool_error_and_the_episode_goes_on(code_run):
     suite, tok, tasks, _, _ = code_run
     task = tasks[0]

@@ -571,10 +571,13 @@ def warm_start(
 
 
 def warmstart_key(params: Params) -> str:
-    """What a built warm start depends on: the suite, the policy and the SFT recipe."""
+    """What a built warm start depends on: the suite, the policy, the SFT recipe, and in code
+    mode the action format and sandbox its demos ran in (direct mode's keys stay as they were)."""
     import hashlib
     import json
 
     parts = (params.envs.model_dump(), params.policy.model_dump(), params.warmstart.model_dump())
+    if params.rollout.action_mode == "code":
+        parts += ("code", params.rollout.sandbox.model_dump())
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]

@@ -10,24 +10,53 @@ from collections.abc import Callable
 import torch
 
 from rollwise.envs.protocol import next_turn
-from rollwise.policy.chat import action_text, encode, observation_text, prompt_ids, user_text
+from rollwise.policy.chat import (
+    action_text,
+    code_action_text,
+    code_messages,
+    encode,
+    observation_text,
+    prompt_ids,
+    user_text,
+)
 from rollwise.train.optim import make_optimizer
 from rollwise.types import Task
 
 MAX_USER_TURNS = 100  # a demo whose user never stops is an environment bug, not a demo
 
 
-def oracle_texts(task: Task, env, tokenizer) -> tuple[list[int], list[tuple[str, str | None]]]:
+def opening(task: Task, env, tokenizer, code=None) -> list[int]:
+    """A demo's prompt ids as the rollout builds them: in code mode (`code`: the rollout's
+    Limits) the code format, with the tools listed as the code's functions."""
+    messages, tools = env.reset(task, seed=0), env.tools()
+    if code is not None:
+        messages, tools = code_messages(messages, tools), []
+    return prompt_ids(tokenizer, messages, tools)
+
+
+def oracle_texts(
+    task: Task, env, tokenizer, code=None
+) -> tuple[list[int], list[tuple[str, str | None]]]:
     """Prompt ids and the (action text, what follows it) turns of the oracle solution, in the
     engine's order: each user turn's oracle calls with their observations, then a reply (the
     task's answer); a multi-turn environment's next user turn follows that reply, and the last
-    reply ends the conversation. A single-turn environment: its calls, then the answer."""
-    prompt = prompt_ids(tokenizer, env.reset(task, seed=0), env.tools())
+    reply ends the conversation. A single-turn environment: its calls, then the answer.
+    `code` (the rollout's Limits, rollout.action_mode: code): each user turn's calls as one code
+    action (results in variables, the last shown), run in the sandbox as a rollout runs it."""
+    from rollwise.rollout.code import execute_code, oracle_code
+
+    prompt = opening(task, env, tokenizer, code)
     per_turn = env.oracle_turns(task) if hasattr(env, "oracle_turns") else [list(task.oracle)]
     turns: list[tuple[str, str | None]] = []
     eos = tokenizer.eos_token
     for user_turn in range(MAX_USER_TURNS):
-        for call in per_turn[user_turn] if user_turn < len(per_turn) else []:
+        calls = list(per_turn[user_turn]) if user_turn < len(per_turn) else []
+        if code is not None and calls:
+            source = oracle_code(calls)
+            _, shown, _ = execute_code(env, source, code)
+            turns.append((code_action_text(source, eos=eos), observation_text(tokenizer, shown)))
+            calls = []
+        for call in calls:
             observation = observation_text(tokenizer, [env.step(call)])
             turns.append((action_text([call], eos=eos), observation))
         said = next_turn(env, task.answer)
@@ -38,9 +67,9 @@ def oracle_texts(task: Task, env, tokenizer) -> tuple[list[int], list[tuple[str,
     raise ValueError(f"{task.task_id}: the user still speaks after {MAX_USER_TURNS} turns")
 
 
-def oracle_sequence(task: Task, env, tokenizer) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask): mask 1 on the assistant's tokens only."""
-    ids, turns = oracle_texts(task, env, tokenizer)
+def oracle_sequence(task: Task, env, tokenizer, code=None) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask): mask 1 on the assistant's tokens only (`code`: oracle_texts)."""
+    ids, turns = oracle_texts(task, env, tokenizer, code)
     mask = [0] * len(ids)
     for action, observation in turns:
         piece = encode(tokenizer, action)
@@ -51,10 +80,12 @@ def oracle_sequence(task: Task, env, tokenizer) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def direct_sequence(task: Task, env, tokenizer, answer: str) -> tuple[list[int], list[int]]:
+def direct_sequence(
+    task: Task, env, tokenizer, answer: str, code=None
+) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of the tool-free habit: the prompt, then `answer` at once, no call
     made and nothing read (warmstart.direct_answer_share)."""
-    prompt = prompt_ids(tokenizer, env.reset(task, seed=0), env.tools())
+    prompt = opening(task, env, tokenizer, code)
     piece = encode(tokenizer, action_text(answer=answer, eos=tokenizer.eos_token))
     return prompt + piece, [0] * len(prompt) + [1] * len(piece)
 

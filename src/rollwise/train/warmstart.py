@@ -41,7 +41,9 @@ def sft_warm_start(
             model = build_model(tokenizer, params.policy)
         else:  # a pretrained model's own tokenizer reads every word
             model, tokenizer = base
-        train, kinds = demos_with_kinds(demo_suites, tokenizer, w.direct_answer_share, w.seed)
+        train, kinds = demos_with_kinds(
+            demo_suites, tokenizer, w.direct_answer_share, w.seed, demo_limits(params)
+        )
         if not train and w.steps:
             raise ValueError(
                 "warm start: the suite has no train task to demonstrate (every environment "
@@ -61,11 +63,19 @@ def demos(suites: list[Suite], tokenizer, direct_share: float, seed: int) -> lis
     return demos_with_kinds(suites, tokenizer, direct_share, seed)[0]
 
 
+def demo_limits(params: Params):
+    """What the demos act in: None for direct tool calls, else the rollout's Limits
+    (rollout.action_mode: code), whose sandbox runs each oracle code action."""
+    from rollwise.loop import limits_of
+
+    return limits_of(params, 0) if params.rollout.action_mode == "code" else None
+
+
 def demos_with_kinds(
-    suites: list[Suite], tokenizer, direct_share: float, seed: int
+    suites: list[Suite], tokenizer, direct_share: float, seed: int, code=None
 ) -> tuple[list[tuple], list[str]]:
     """demos() and each one's task kind ("direct" for a guessed answer): the strata a balanced
-    SFT draw cycles through (warmstart.balance_kinds)."""
+    SFT draw cycles through (warmstart.balance_kinds). `code`: demo_limits()."""
     import random
 
     from rollwise.train.sft import direct_sequence, oracle_sequence
@@ -79,10 +89,10 @@ def demos_with_kinds(
             if direct_share and rng.random() < direct_share:
                 wrong = [o.answer for o in rng.sample(tasks, min(8, len(tasks)))]
                 wrong = [a for a in wrong if a != t.answer] or ["unknown"]
-                out.append(direct_sequence(t, env, tokenizer, wrong[0]))
+                out.append(direct_sequence(t, env, tokenizer, wrong[0], code))
                 kinds.append("direct")
             else:
-                out.append(oracle_sequence(t, env, tokenizer))
+                out.append(oracle_sequence(t, env, tokenizer, code))
                 kinds.append(t.kind)
     return out, kinds
 
