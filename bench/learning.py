@@ -61,7 +61,6 @@ from rollwise.evaluate.full import evaluate_policy, evaluation_tasks  # noqa: E4
 from rollwise.evaluate.report import paired_difference  # noqa: E402
 from rollwise.policy.build import load_policy  # noqa: E402
 from rollwise.policy.hf import HFBackend  # noqa: E402
-from rollwise.rollout.engine import Limits  # noqa: E402
 
 # The recipes this bench knows, as params overrides. smollm2: grown from the measurement of the
 # issue (20 AdamW SFT steps at lr 2e-4 on the suite's own demos, then rounds of 16 fresh tasks x
@@ -120,8 +119,8 @@ def heldout_episodes(model, tok, suite, p, n: int) -> pd.DataFrame:
     """Greedy episodes on the first `n` held-out tasks (evaluate/full.py's stable order), every
     column the rollout engine writes."""
     tasks = evaluation_tasks(suite, "heldout", n)
-    limits = Limits(max_context=p.policy.max_context, max_turns=p.evaluate.max_turns,
-                    max_new_tokens=p.evaluate.max_new_tokens, greedy=True)  # fmt: skip
+    limits = loop.greedy_limits(p, max_turns=p.evaluate.max_turns,
+                                max_new_tokens=p.evaluate.max_new_tokens)  # fmt: skip
     return evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits)
 
 

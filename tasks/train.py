@@ -131,7 +131,7 @@ def start_success(
             start = float(record["kept_success"])
             return start, float(record.get("best_success", start))
     cfg = params.train.guard
-    start = validation_success(model, tokenizer, suite, cfg, params.policy.max_context)
+    start = validation_success(model, tokenizer, suite, cfg, loop.greedy_limits(params))
     return start, start
 
 

@@ -157,3 +157,17 @@ def test_hostile_code_in_an_episode_is_a_tool_error_and_the_episode_goes_on(code
     obs = tok.decode(ep["token_ids"][ep["turn_spans"][0][1] : ep["turn_spans"][1][0]])
     assert "Error: ImportError" in obs
     assert not ep["success"]  # the grounded read never happened
+
+
+def test_evaluation_runs_in_the_evaluated_interface():
+    """evaluate.action_mode, else the rollout's: a code-trained policy is evaluated in code
+    unless asked otherwise, with the rollout's sandbox (loop.greedy_limits)."""
+    from rollwise.config import validate
+    from rollwise.loop import greedy_limits
+
+    assert greedy_limits(validate({})).action_mode == "direct"
+    assert greedy_limits(validate({"rollout": {"action_mode": "code"}})).action_mode == "code"
+    across = validate({"rollout": {"action_mode": "code"}, "evaluate": {"action_mode": "direct"}})
+    assert greedy_limits(across).action_mode == "direct"
+    limits = greedy_limits(validate({"rollout": {"sandbox": {"cpu_s": 2}}}), max_turns=3)
+    assert (limits.sandbox.cpu_s, limits.max_turns, limits.greedy) == (2, 3, True)

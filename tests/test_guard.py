@@ -11,9 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from rollwise.config import GuardConfig, Params, validate
+from rollwise.rollout.engine import Limits
 from rollwise.train.guard import judge, validation_success
 from tests.helpers import train_tables, write_train_inputs
 
+GREEDY = Limits(max_context=256, greedy=True)  # the guard's limits at TINY_POLICY's context
 TINY_SUITE = {"n_envs": 1, "domains": ["shop"], "owners_per_env": 3, "max_records": 1,
               "tasks_per_env": 6, "heldout_envs": 0, "heldout_task_frac": 0.0,
               "task_kinds": ["city_by_id"]}  # fmt: skip
@@ -144,7 +146,7 @@ def test_train_stage_keeps_its_start_when_the_update_collapses(memorized, tmp_pa
     shutil.copytree(source / "data" / "envs", root / "data" / "envs")
     shutil.copytree(source / "round_00", root / "models" / "round_00")
     model, tok = load_policy(root / "models" / "round_00")
-    start = validation_success(model, tok, load_suite_of(root), GuardConfig(tasks=3), 256)
+    start = validation_success(model, tok, load_suite_of(root), GuardConfig(tasks=3), GREEDY)
     assert start > 0.05  # the memorized policy solves something: a collapse can show
 
     metrics = stage_round(root, params, "01", lr=1.0)
@@ -183,9 +185,9 @@ def test_train_stage_validates_on_the_validation_suite_when_asked(memorized, tmp
     shutil.copytree(source / "round_00", root / "models" / "round_00")
     model, tok = load_policy(root / "models" / "round_00")
     cfg = GuardConfig(tasks=3, suite="validation")
-    on_train = validation_success(model, tok, load_suite_of(root), cfg, 256)
+    on_train = validation_success(model, tok, load_suite_of(root), cfg, GREEDY)
     on_validation = validation_success(
-        model, tok, validation_suite(params, tmp_path / "v"), cfg, 256
+        model, tok, validation_suite(params, tmp_path / "v"), cfg, GREEDY
     )
     assert on_validation != on_train  # the two suites tell apart which one the stage read
 
@@ -196,7 +198,7 @@ def test_train_stage_validates_on_the_validation_suite_when_asked(memorized, tmp
     # a start recorded for the other suite is measured again, not reused
     metrics = stage_round(root, params, "02", lr=1e-7, suite="train")
     assert metrics["guard_start"] == validation_success(
-        load_policy(root / "models" / "round_01")[0], tok, load_suite_of(root), cfg, 256
+        load_policy(root / "models" / "round_01")[0], tok, load_suite_of(root), cfg, GREEDY
     )
 
 

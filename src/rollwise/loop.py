@@ -435,10 +435,10 @@ def guard_check(params: Params, tokenizer, suite, start: float, best: float) -> 
     """train.guard's judge of an updated model against the round's start and best success."""
     from rollwise.train.guard import judge, validation_success
 
-    cfg, context = params.train.guard, params.policy.max_context
+    cfg, limits = params.train.guard, greedy_limits(params)
 
     def check(model):
-        return judge(start, validation_success(model, tokenizer, suite, cfg, context), cfg, best)
+        return judge(start, validation_success(model, tokenizer, suite, cfg, limits), cfg, best)
 
     return check
 
@@ -483,7 +483,7 @@ def run_round(
         checked = guard_suite or suite
         if start_best is None:
             s = validation_success(model, tokenizer, checked, params.train.guard,
-                                   params.policy.max_context)  # fmt: skip
+                                   greedy_limits(params))  # fmt: skip
             start_best = (s, s)
         guard = guard_check(params, tokenizer, checked, *start_best)
     tr = train(params, model, tokenizer, state.trainer, batch, cr.advantages, r, ref, guard)
@@ -517,6 +517,19 @@ def run_rounds(
         if on_round is not None:
             on_round(r, done)
     return model, state
+
+
+def greedy_limits(params: Params, **knobs):
+    """Greedy limits of an evaluation (the evaluate stage, train.guard, warm-start checks, the
+    benches) in the evaluated interface: evaluate.action_mode, else the rollout's, with its
+    sandbox. `knobs`: other Limits fields (max_turns, max_new_tokens)."""
+    from rollwise.rollout.engine import Limits
+    from rollwise.sandbox import SandboxLimits
+
+    mode = params.evaluate.action_mode or params.rollout.action_mode
+    sandbox = SandboxLimits(**params.rollout.sandbox.model_dump())
+    return Limits(max_context=params.policy.max_context, greedy=True, action_mode=mode,
+                  sandbox=sandbox, **knobs)  # fmt: skip
 
 
 def limits_of(params: Params, r: int):

@@ -314,6 +314,12 @@ class EvaluateConfig(Section):
     max_tasks: int = Field(400, ge=1, description="Most tasks evaluated.")
     max_turns: int = Field(6, ge=1, description="Most policy turns an episode.")
     max_new_tokens: int = Field(48, ge=1, description="Most tokens a reply.")
+    action_mode: Literal["direct", "code"] | None = Field(
+        None,
+        description="The interface evaluated in: direct <tool_call> turns or code actions; null: "
+        "the rollout's (rollout.action_mode). Setting the other one evaluates a policy across "
+        "interfaces (ProgAgent's comparison).",
+    )
     method: Literal["full", "halving"] = Field(
         "halving",
         description="halving: paired successive halving, far fewer cells (weaker checkpoints run "

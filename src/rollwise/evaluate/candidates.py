@@ -69,19 +69,14 @@ def choose(
     (Selection, summary frame, number of tasks)."""
     from rollwise.evaluate.full import evaluate_policy, evaluation_tasks, summarize
     from rollwise.evaluate.halving import HalvingKnobs, select
+    from rollwise.loop import greedy_limits
     from rollwise.policy.build import load_tokenizer
     from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.engine import Limits
 
     cfg = params.evaluate
     check_candidates(candidates)  # before any cell runs
     tasks = evaluation_tasks(suite, cfg.split, cfg.max_tasks)
-    limits = Limits(
-        max_turns=cfg.max_turns,
-        max_new_tokens=cfg.max_new_tokens,
-        max_context=params.policy.max_context,
-        greedy=True,
-    )
+    limits = greedy_limits(params, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
     by_name = {c.name: c for c in candidates}
     by_id = {t.task_id: t for t in tasks}
     ran: dict[str, list[pd.DataFrame]] = {n: [] for n in by_name}

@@ -47,16 +47,15 @@ def judge(start: float, after: float, cfg: GuardConfig, best: float | None = Non
     return Verdict(start, after, after >= reference - cfg.max_drop - 1e-9, best)
 
 
-def validation_success(model, tokenizer, suite, cfg: GuardConfig, max_context: int) -> float:
-    """Greedy success on the first `cfg.tasks` train tasks (evaluate/full.py's stable order)."""
+def validation_success(model, tokenizer, suite, cfg: GuardConfig, limits) -> float:
+    """Greedy success on the first `cfg.tasks` train tasks (evaluate/full.py's stable order),
+    under `limits` (loop.greedy_limits: the evaluated interface)."""
     from rollwise.evaluate.full import evaluate_policy, evaluation_tasks
     from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.engine import Limits
 
     tasks = evaluation_tasks(suite, "train", cfg.tasks)
     if not tasks:
         raise ValueError("train.guard: the suite has no train tasks to validate on")
-    limits = Limits(max_context=max_context, greedy=True)
     training = model.training
     episodes = evaluate_policy(HFBackend(model, tokenizer), tokenizer, suite, tasks, limits)
     model.train(training)  # HFBackend put it in eval mode

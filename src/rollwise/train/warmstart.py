@@ -101,12 +101,12 @@ def success_check(model, tokenizer, suite: Suite, params: Params, checks: list[d
     """stop(step) for sft: every check_every steps, greedy success on check_tasks of `suite`;
     true once it reaches stop_at_success."""
     from rollwise.evaluate.full import evaluate_policy, evaluation_tasks
+    from rollwise.loop import greedy_limits
     from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.engine import Limits
 
     w = params.warmstart
     tasks = evaluation_tasks(suite, "train", w.check_tasks)
-    limits = Limits(max_context=params.policy.max_context, greedy=True)
+    limits = greedy_limits(params)
     checks = [] if checks is None else checks
 
     def stop(step: int) -> bool:
