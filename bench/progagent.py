@@ -10,12 +10,17 @@ Per mode and scale: success under policy.max_context, and the context tokens an 
 length; rollout.max_new_tokens is 48 by default). Token counts are the word-level tokenizer's
 of the tiny policy (policy/build.py), fit on the base suite; ids past 999 count as one token.
 
-Not here: the trained-policy comparison (`code_minus_direct_pts_at_largest_scale`): warm
-starts on direct and on code oracles now exist (`rollout.action_mode: code` makes the warm start
-demonstrate in code, train/sft.py), and RL runs in either mode, but the runs at every scale
-under both interfaces have not been made; it is written as null.
+Second part (`--trained`): policies trained on direct-mode and on code-mode demos (the recipe's
+warm start with `rollout.action_mode` direct or code: train/sft.py demonstrates in the rollout's
+mode), then `--rounds` RL rounds in that mode (0: the warm starts only), each evaluated greedily
+on the same held-out tasks at every scale under both interfaces (`evaluate.action_mode`).
+`code_minus_direct_pts_at_largest_scale`: the code-trained policy in code minus the
+direct-trained policy in direct at the largest scale, median over seeds (target >= +20).
+Without `--trained` it is null.
 
     .venv/bin/python bench/progagent.py [--out bench/results/progagent.json]
+    .venv/bin/python bench/progagent.py --trained [key=value ...] [--recipe smollm2|tiny] \
+        [--seeds 0] [--rounds 0] [--eval-tasks 48] [--threads 1] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import ScriptedBackend  # noqa: E402
+from bench.common import (  # noqa: E402
+    ScriptedBackend,
+    arm_params,
+    bench_params,
+    key_of,
+    parse_overrides,
+    seeded,
+    suite_at,
+    warm_start_folder,
+)
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig, PolicyConfig  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
@@ -99,9 +113,85 @@ def figures(bounded: list[dict], unbounded: list[dict]) -> dict:
     }
 
 
+def scaled_suites(cache: Path, envs, folder: Path) -> dict:
+    """The generated suite at every scale (envs/scale.py), built once under `cache`."""
+    from rollwise.artifacts import atomic_dir
+
+    out = {}
+    for n in SCALES:
+        target = cache / f"scaled_{key_of(envs.model_dump(), n)}"
+        if not target.exists():
+            with atomic_dir(target, keep_existing=True) as tmp:
+                scale_suite(folder, tmp, n)
+        out[n] = load_suite(target)
+    return out
+
+
+def cell(episodes) -> dict:
+    """Success, context tokens and how episodes ended, of one (policy, interface, scale)."""
+    ends = episodes["termination"].value_counts().to_dict()
+    return {"success": float(episodes["success"].mean()),
+            "context_tokens_mean": float(episodes["token_ids"].map(len).mean()),
+            "terminations": {k: int(v) for k, v in ends.items()},
+            "episodes": len(episodes)}  # fmt: skip
+
+
+def trained(args) -> dict:
+    """Part two: a direct-trained and a code-trained policy per seed, every scale, both
+    interfaces. Cells keyed `<interface>@<scale>`, under `sft` (the warm start) and, with
+    --rounds, `rl` (after the rounds in the policy's own mode)."""
+    import torch
+
+    from bench.learning import RECIPES, heldout_episodes
+    from rollwise import loop
+    from rollwise.policy.build import load_policy
+
+    torch.set_num_threads(args.threads)
+    p = bench_params({**RECIPES[args.recipe], **parse_overrides(args.overrides)})
+    suite, folder = suite_at(args.cache, p.envs)
+    scaled = scaled_suites(args.cache, p.envs, folder)
+    runs = []
+    for seed in args.seeds:
+        for mode in MODES:
+            pm = arm_params(p, {**seeded(seed), "warmstart.seed": seed, "rollout.action_mode": mode,
+                                "rounds": max(args.rounds, 1)})  # fmt: skip
+            model, tok = load_policy(warm_start_folder(pm, suite, args.cache))
+            run = {"seed": seed, "trained": mode}
+            stages = [("sft", None)] + ([("rl", args.rounds)] if args.rounds else [])
+            for stage, rounds in stages:
+                if rounds:
+                    model, _ = loop.run_rounds(pm, suite, model, tok, rounds)
+                run[stage] = {}
+                for interface in MODES:
+                    pi = arm_params(pm, {"evaluate.action_mode": interface})
+                    for n in SCALES:
+                        episodes = heldout_episodes(model, tok, scaled[n], pi, args.eval_tasks)
+                        figures = run[stage][f"{interface}@{n}"] = cell(episodes)
+                        print(json.dumps({"seed": seed, "trained": mode, "stage": stage,
+                                          "interface": interface, "scale": n, **figures}),
+                              flush=True)  # fmt: skip
+            runs.append(run)
+    top, last = SCALES[-1], "rl" if args.rounds else "sft"
+    own = {(r["seed"], r["trained"]): r[last][f"{r['trained']}@{top}"]["success"] for r in runs}
+    diffs = [100 * (own[(s, "code")] - own[(s, "direct")]) for s in args.seeds]
+    return {"trained_recipe": args.recipe, "trained_overrides": parse_overrides(args.overrides),
+            "trained_rounds": args.rounds, "trained_eval_tasks": args.eval_tasks,
+            "trained_max_context": p.policy.max_context,
+            "code_minus_direct_pts_at_largest_scale": float(sorted(diffs)[len(diffs) // 2]),
+            "code_minus_direct_pts_by_seed": diffs, "trained_runs": runs}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("overrides", nargs="*", help="--trained: dotted params overrides")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/progagent.json")
+    parser.add_argument("--trained", action="store_true", help="part two: trained policies")
+    parser.add_argument("--recipe", default="smollm2", help="bench/learning.py's RECIPES")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--rounds", type=int, default=0, help="RL rounds in each mode")
+    parser.add_argument("--eval-tasks", type=int, default=48, help="held-out tasks a cell")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".rollwise/bench/progagent")
     args = parser.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="progagent-") as tmp:
@@ -120,7 +210,7 @@ def main() -> None:
     top = SCALES[-1]
     breaks = [n for n in SCALES if table[f"direct@{n}"]["success"] < 1.0]
     result = {
-        "command": "python bench/progagent.py",
+        "command": "python bench/progagent.py " + " ".join(sys.argv[1:]),
         "git_commit": STARTED_AT,
         "scales_records_per_table": list(SCALES),
         "max_context": MAX_CONTEXT,
@@ -134,15 +224,16 @@ def main() -> None:
         ),
         "direct_breaks_at_scale": breaks[0] if breaks else None,
         "code_minus_direct_pts_at_largest_scale": None,
-        "code_minus_direct_pts_note": (
-            "null: the trained-policy comparison needs a learning substrate for code actions "
-            "(warm start on code oracles, RL in code mode) that does not exist yet"
-        ),
+        "code_minus_direct_pts_note": "null: run with --trained",
         "per_mode_and_scale": table,
-        "wall_s": round(time.perf_counter() - t0, 1),
     }
+    if args.trained:
+        result |= trained(args)
+        del result["code_minus_direct_pts_note"]
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "per_mode_and_scale"}, indent=1))
+    hidden = ("per_mode_and_scale", "trained_runs")
+    print(json.dumps({k: v for k, v in result.items() if k not in hidden}, indent=1))
 
 
 if __name__ == "__main__":

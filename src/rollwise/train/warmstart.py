@@ -37,7 +37,9 @@ def sft_warm_start(
                 )
             validation = validation_suite(params, Path(scratch) / "validation")
         if base is None:
-            tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []))
+            code = params.rollout.action_mode == "code"
+            tokenizer = suite_tokenizer(*demo_suites, *([validation] if validation else []),
+                                        code=code)  # fmt: skip
             model = build_model(tokenizer, params.policy)
         else:  # a pretrained model's own tokenizer reads every word
             model, tokenizer = base
@@ -153,20 +155,28 @@ def validation_suite(params: Params, folder: Path) -> Suite:
     return fresh_suite(params, folder, params.warmstart.augment_suites + 1)
 
 
-def suite_tokenizer(*suites: Suite):
+def suite_tokenizer(*suites: Suite, code: bool = False):
     """Word-level vocabulary from the suites' text (vocabulary only: held-out tasks teach nothing
-    here, but their words must be tokens so unseen environments are not [UNK] soup)."""
+    here, but their words must be tokens so unseen environments are not [UNK] soup). `code`:
+    code actions' words too (rollout.action_mode: code): the code prompt and the oracle's code
+    (its results are the direct observations' values)."""
     from rollwise.policy.build import train_tokenizer
+    from rollwise.policy.chat import code_action_text, code_messages
+    from rollwise.rollout.code import oracle_code
     from rollwise.train.sft import oracle_texts
 
     scratch = train_tokenizer([])
-    texts = [ERROR_WORDS]
+    texts = [ERROR_WORDS, *([CODE_ERROR_WORDS] if code else [])]
     for suite, task in ((s, t) for s in suites for t in s.tasks.values()):
         env = suite.envs[task.env_id]
         msgs = env.reset(task, seed=0)
         tools = [t.to_openai() for t in env.tools()]
         texts.append(scratch.apply_chat_template(msgs, tools=tools, tokenize=False))
         texts += [piece for turn in oracle_texts(task, env, scratch)[1] for piece in turn if piece]
+        if code:
+            opening = code_messages(msgs, env.tools())
+            texts.append(scratch.apply_chat_template(opening, tokenize=False))
+            texts.append(code_action_text(oracle_code(list(task.oracle))))
     return train_tokenizer(texts)
 
 
@@ -176,4 +186,10 @@ ERROR_WORDS = (
     "malformed tool call unbalanced tags not valid JSON expected name arguments must be an object "
     "too many calls in one turn timed out reset failed after s busy an earlier has returned "
     "run this"
+)
+# ... and of a code action's (sandbox/, rollout/code.py).
+CODE_ERROR_WORDS = (
+    "Error: ImportError NameError TypeError ValueError KeyError IndexError SyntaxError ToolError "
+    "AttributeError ZeroDivisionError RecursionError TimeoutError MemoryError is not allowed "
+    "True False None print len"
 )
