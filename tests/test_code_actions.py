@@ -113,15 +113,69 @@ def test_a_code_mode_episode_is_token_exact_with_its_loss_mask(code_run):
         assert tok.decode(ids) == rendered.removesuffix("\n")
 
 
+def test_grounded_blocks_write_what_a_policy_could_know():
+    """A value the question names: a literal; a value an earlier call returned: a path into that
+    call's variable (a list's element picked by a field the question names); a value returned
+    but unreachable by such a path: a block a call, each result shown."""
+    from rollwise.rollout.code import grounded_blocks
+    from rollwise.types import ToolCall as Call
+
+    calls = [Call("find_customer", {"name": "wanda"}), Call("list_orders", {"customer_id": 7}),
+             Call("get_order", {"order_id": 98})]  # fmt: skip
+    results = ['{"customer_id": 7, "name": "wanda"}',
+               '[{"order_id": 97, "product": "lamp"}, {"order_id": 98, "product": "rug"}]',
+               '{"order_id": 98, "amount": 3}']  # fmt: skip
+    (block,) = grounded_blocks(calls, results, "What is the amount of the rug order of Wanda?")
+    assert block == (
+        "r0 = find_customer(name='wanda')\n"
+        "r1 = list_orders(customer_id=r0['customer_id'])\n"
+        "get_order(order_id=[x for x in r1 if x['product'] == 'rug'][0]['order_id'])"
+    )
+    unnamed = grounded_blocks(calls, results, "What is the amount of the newest order of wanda?")
+    assert unnamed == [oracle_code([c]) for c in calls]  # which order: only its result says
+
+
+def test_grounded_demo_code_makes_exactly_the_oracles_calls(tmp_path):
+    """Every train task's demo code, run in the sandbox, makes the oracle's calls, in order."""
+    from rollwise.rollout.code import execute_code, grounded_blocks
+    from rollwise.train.sft import dry_run
+
+    make_suite(tmp_path)
+    suite = load_suite(tmp_path)
+    single = 0
+    for task in [t for t in suite.split("train") if t.oracle]:
+        env = clone_env(suite.envs[task.env_id])
+        env.reset(task, 0)
+        calls = list(task.oracle)
+        blocks = grounded_blocks(calls, dry_run(task, env, calls), task.prompt)
+        made = [r[0] for b in blocks for r in execute_code(env, b, CODE)[0]]
+        assert [(c.name, c.arguments) for c in made] == [(c.name, c.arguments) for c in calls]
+        single += len(blocks) == 1
+    assert single > 0
+
+
 def test_a_code_mode_warm_start_demo_is_the_engines_episode_token_for_token(code_run):
     """SFT in code mode (rollout.action_mode: code) trains on what a code-mode rollout of the
-    oracle is: the same ids, the same mask; direct demos of the same tasks differ."""
-    from rollwise.train.sft import oracle_sequence
+    demo's turns is: the same ids, the same mask; direct demos of the same tasks differ."""
+    from rollwise.train.sft import oracle_sequence, oracle_texts
+    from rollwise.train.warmstart import suite_tokenizer
 
-    suite, tok, tasks, episodes, _ = code_run
+    suite, _, tasks, _, _ = code_run
+    tok = suite_tokenizer(suite, code=True)
+    turns = {}
+    for t in tasks:
+        _, pieces = oracle_texts(t, clone_env(suite.envs[t.env_id]), tok, CODE)
+        turns[t.prompt] = [action for action, _ in pieces]
+
+    def script(text):
+        return next(v for k, v in turns.items() if f"user\n{k}<|im_end|>" in text)
+
+    specs = [EpisodeSpec(f"d{i}", t, clone_env(suite.envs[t.env_id]), seed=i)
+             for i, t in enumerate(tasks)]  # fmt: skip
+    episodes, _ = run_episodes(specs, ScriptBackend(tok, script), tok, CODE)
     for task, ep in zip(tasks, episodes, strict=True):
         ids, mask = oracle_sequence(task, clone_env(suite.envs[task.env_id]), tok, CODE)
-        assert ids == list(ep["token_ids"]) and mask == list(ep["loss_mask"])
+        assert ep["success"] and (ids, mask) == (list(ep["token_ids"]), list(ep["loss_mask"]))
         direct, _ = oracle_sequence(task, clone_env(suite.envs[task.env_id]), tok)
         assert direct != ids
 

@@ -41,30 +41,47 @@ def oracle_texts(
     engine's order: each user turn's oracle calls with their observations, then a reply (the
     task's answer); a multi-turn environment's next user turn follows that reply, and the last
     reply ends the conversation. A single-turn environment: its calls, then the answer.
-    `code` (the rollout's Limits, rollout.action_mode: code): each user turn's calls as one code
-    action (results in variables, the last shown), run in the sandbox as a rollout runs it."""
-    from rollwise.rollout.code import execute_code, oracle_code
+    `code` (the rollout's Limits, rollout.action_mode: code): each user turn's calls as code a
+    policy could write without seeing their results (rollout/code.py grounded_blocks: one block
+    when it can, else a block a call), run in the sandbox as a rollout runs it."""
+    from rollwise.rollout.code import execute_code, grounded_blocks
 
     prompt = opening(task, env, tokenizer, code)
     per_turn = env.oracle_turns(task) if hasattr(env, "oracle_turns") else [list(task.oracle)]
     turns: list[tuple[str, str | None]] = []
     eos = tokenizer.eos_token
+    made: list = []  # the calls of earlier user turns (a dry run replays them)
+    question = task.prompt
     for user_turn in range(MAX_USER_TURNS):
         calls = list(per_turn[user_turn]) if user_turn < len(per_turn) else []
         if code is not None and calls:
-            source = oracle_code(calls)
-            _, shown, _ = execute_code(env, source, code)
-            turns.append((code_action_text(source, eos=eos), observation_text(tokenizer, shown)))
+            results = dry_run(task, env, made + calls)[len(made) :]
+            made += calls
+            for source in grounded_blocks(calls, results, question):
+                _, shown, _ = execute_code(env, source, code)
+                observation = observation_text(tokenizer, shown)
+                turns.append((code_action_text(source, eos=eos), observation))
             calls = []
         for call in calls:
             observation = observation_text(tokenizer, [env.step(call)])
             turns.append((action_text([call], eos=eos), observation))
         said = next_turn(env, task.answer)
+        question += f"\n{said}" if said is not None else ""
         after = None if said is None else user_text(tokenizer, said)
         turns.append((action_text(answer=task.answer, eos=eos), after))
         if said is None:
             return prompt, turns
     raise ValueError(f"{task.task_id}: the user still speaks after {MAX_USER_TURNS} turns")
+
+
+def dry_run(task: Task, env, calls: list) -> list[str]:
+    """Each call's result content on a private copy of the environment from the task's start:
+    what the oracle's calls return, known before the demo's code is written."""
+    from rollwise.rollout.engine import clone_env
+
+    probe = clone_env(env)
+    probe.reset(task, seed=0)
+    return [probe.step(call).content for call in calls]
 
 
 def oracle_sequence(task: Task, env, tokenizer, code=None) -> tuple[list[int], list[int]]:

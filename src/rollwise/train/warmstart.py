@@ -158,12 +158,12 @@ def validation_suite(params: Params, folder: Path) -> Suite:
 def suite_tokenizer(*suites: Suite, code: bool = False):
     """Word-level vocabulary from the suites' text (vocabulary only: held-out tasks teach nothing
     here, but their words must be tokens so unseen environments are not [UNK] soup). `code`:
-    code actions' words too (rollout.action_mode: code): the code prompt and the oracle's code
-    (its results are the direct observations' values)."""
+    code actions' words too (rollout.action_mode: code): the code prompt and the demos' code
+    (train/sft.py; its results are the direct observations' values)."""
     from rollwise.policy.build import train_tokenizer
     from rollwise.policy.chat import code_action_text, code_messages
-    from rollwise.rollout.code import oracle_code
-    from rollwise.train.sft import oracle_texts
+    from rollwise.rollout.code import grounded_blocks
+    from rollwise.train.sft import dry_run, oracle_texts
 
     scratch = train_tokenizer([])
     texts = [ERROR_WORDS, *([CODE_ERROR_WORDS] if code else [])]
@@ -176,7 +176,9 @@ def suite_tokenizer(*suites: Suite, code: bool = False):
         if code:
             opening = code_messages(msgs, env.tools())
             texts.append(scratch.apply_chat_template(opening, tokenize=False))
-            texts.append(code_action_text(oracle_code(list(task.oracle))))
+            calls = list(task.oracle)
+            blocks = grounded_blocks(calls, dry_run(task, env, calls), task.prompt) if calls else []
+            texts += [code_action_text(block) for block in blocks]
     return train_tokenizer(texts)
 
 
