@@ -218,6 +218,8 @@ def round_state(root: Path, r: str, *parts: str):
         stage = stage_of_state(r, "curate")
         state.quarantine = read_table(folder / "quarantine.parquet", stage)
         state.bank = read_table(folder / "success_bank.parquet", stage)
+        if (folder / "skill_bank.parquet").exists():  # rollout.memory.skills
+            state.skills = read_table(folder / "skill_bank.parquet", stage)
         if (folder / POOL_FILE).exists():  # a tool-building suite's pool (SMITH)
             state.tools = read_tool_pool(folder / POOL_FILE, stage)
     if "credit" in parts:

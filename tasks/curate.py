@@ -10,6 +10,8 @@ Writes:
   quarantine.parquet    tasks the next round's scheduler skips (curate/filters.py)
   success_bank.parquet  verified successes per task, merged with the previous round's
   positives.parquet     banked successes of this round's tasks as episodes (replay_positives>0)
+  skill_bank.parquet    with rollout.memory.skills: the skill bank (memory/bank.py), the next
+                        rollout offers its skills
   tool_pool.json        a tool-building suite's (SMITH) pool: round NN-1's with this round's
                         admitted builds (envs/tool_pool.py); the next rollout calls it
 """
@@ -25,12 +27,14 @@ from tasks.common import (
     atomic_dir,
     envs_dir,
     log,
+    model_dir,
     read_suite,
     read_table,
     require,
     round_dir,
     round_state,
     stage_main,
+    stage_of_model,
 )
 
 
@@ -40,7 +44,13 @@ def run(params: Params, root: Path, r: str) -> dict:
     steps = read_table(rollouts / "steps.parquet", f"rollout@{r}")
     suite = read_suite(require(envs_dir(root), "generate"))
     state = round_state(root, params.rounds[r].start, "curate")
-    done = loop.curate(params, suite, episodes, steps, state, int(r))
+    tokenizer = None
+    if params.rollout.memory.skills != "none":  # reads the skill calls in the policy's turns
+        from rollwise.policy.build import load_tokenizer
+
+        policy = params.rounds[r].rollout_round
+        tokenizer = load_tokenizer(require(model_dir(root, policy), stage_of_model(policy)))
+    done = loop.curate(params, suite, episodes, steps, state, int(r), tokenizer)
     with atomic_dir(round_dir(root, "curated", r)) as out:
         for name, table in done.tables.items():
             table.to_parquet(out / f"{name}.parquet")

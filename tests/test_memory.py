@@ -237,3 +237,75 @@ def test_working_memory_state_after_a_hand_made_episode(world):
     assert state_of(rows[:1], tools).needed == [record_key]
     # A wrong id where results offered others: the meta-agent reads it as progress misread.
     assert meta.misread(rows) and not meta.misread(rows[:2])
+
+
+def test_the_round_carries_the_skill_bank_from_curate_to_the_next_rollout(world):
+    """rollout.memory in the round (loop.py): curate@1 induces a skill from a verified success,
+    the next rollout offers it as a tool, and its invocation there is curate@2's evidence."""
+    from rollwise.config import validate
+    from rollwise.loop import RoundState, curate, remembering
+
+    suite, tok = world
+    task = status_tasks(suite)[0]
+    params = validate({"rollout": {"memory": {"skills": "managed", "working": True}}})
+    limits = Limits(max_context=2048, max_new_tokens=96)
+
+    def episode(env, script, eid: str, r: int):
+        spec = EpisodeSpec(eid, task, env, task.task_id)
+        eps, steps = run_episodes([spec], ScriptBackend(tok, lambda _: script), tok, limits)
+        return pd.DataFrame(eps).assign(round=r, policy_version=r - 1), pd.DataFrame(steps)
+
+    oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
+    episodes, steps = episode(clone_env(suite.envs[task.env_id]), oracle, "r01/a", 1)
+    first = curate(params, suite, episodes, steps, RoundState(), 1, tok)
+    bank = first.tables["skill_bank"]
+    assert (len(bank), first.metrics["skills"], first.metrics["skill_calls"]) == (1, 1, 0)
+
+    env = remembering(params, bank)(clone_env(suite.envs[task.env_id]), task.env_id)
+    (skill,) = [
+        t for t in env.tools() if t.name not in {u.name for u in suite.envs[task.env_id].tools()}
+    ]
+    assert skill.name == bank["name"].iloc[0] and callable(env.progress)
+    example = json.loads(bank["example"].iloc[0])
+    script = [action_text([ToolCall(skill.name, example)]), action_text(answer=task.answer)]
+    episodes, steps = episode(env, script, "r02/a", 2)
+    second = curate(params, suite, episodes, steps, RoundState(skills=bank), 2, tok)
+    assert second.metrics["skill_calls"] == 1 and second.metrics["skill_call_success"] == 1.0
+    assert json.loads(second.tables["skill_bank"]["evidence"].iloc[0]) == {"1": [1, 1]}
+
+    off = validate({})
+    plain = clone_env(suite.envs[task.env_id])
+    assert remembering(off, bank)(plain, task.env_id) is plain
+    ray = validate({"rollout": {"memory": {"working": True}, "executor": "ray"}})
+    with pytest.raises(ValueError, match="rollout.memory travels only with the local executor"):
+        remembering(ray, bank)
+
+
+def test_the_curate_stage_writes_the_skill_bank_and_the_next_round_reads_it(world, tmp_path):
+    """data/curated/round_NN/skill_bank.parquet: a DVC output per round, read back as the next
+    round's state; the stage reads skill calls with the rollout policy's tokenizer."""
+    from rollwise.config import rounds_dict, validate
+    from tasks import curate
+    from tasks.common import round_state
+    from tasks.warmstart import initial_states
+    from tests.helpers import make_suite
+
+    suite, tok = world
+    task = status_tasks(suite)[0]
+    make_suite(tmp_path / "data" / "envs")
+    initial_states(tmp_path)
+    tok.save_pretrained(tmp_path / "models" / "round_00")
+    oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
+    spec = EpisodeSpec("r01/a", task, clone_env(suite.envs[task.env_id]), task.task_id)
+    eps, steps = run_episodes([spec], ScriptBackend(tok, lambda _: oracle), tok,
+                              Limits(max_context=2048, max_new_tokens=96))  # fmt: skip
+    rollouts = tmp_path / "data" / "rollouts" / "round_01"
+    rollouts.mkdir(parents=True)
+    pd.DataFrame(eps).assign(round=1, policy_version=0).to_parquet(rollouts / "episodes.parquet")
+    pd.DataFrame(steps).to_parquet(rollouts / "steps.parquet")
+    params = validate({"rounds": rounds_dict(2), "rollout": {"memory": {"skills": "append"}}})
+    metrics = curate.run(params, tmp_path, "01")
+    written = pd.read_parquet(tmp_path / "data" / "curated" / "round_01" / "skill_bank.parquet")
+    assert metrics["skills"] == len(written) == 1
+    state = round_state(tmp_path, "01", "curate")
+    assert state.skills["skill_id"].tolist() == written["skill_id"].tolist()

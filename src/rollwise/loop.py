@@ -42,6 +42,12 @@ def empty_quarantine() -> pd.DataFrame:
     return pd.DataFrame(columns=QUARANTINE_COLUMNS)
 
 
+def empty_skills() -> pd.DataFrame:
+    from rollwise.memory.bank import empty
+
+    return empty()
+
+
 def empty_tracker() -> pd.DataFrame:
     from rollwise.credit.tracker import empty_tracker as empty
 
@@ -53,8 +59,9 @@ class RoundState:
     """What a round continues from besides the weights: what the scheduler observed, the
     curator's success bank and quarantine, SPO's tracker and the KL each policy version
     travelled, the guard's last and best validation success, the trainer's snapshot
-    (optimizer moments, RNGs, optimizer steps: train/trainer.py snapshot), and SMITH's tool pool
-    where the suite builds tools (envs/tool_pool.py; None: none yet)."""
+    (optimizer moments, RNGs, optimizer steps: train/trainer.py snapshot), SMITH's tool pool
+    where the suite builds tools (envs/tool_pool.py; None: none yet), and the skill bank
+    (rollout.memory.skills; memory/bank.py)."""
 
     history: pd.DataFrame | None = None
     bank: pd.DataFrame = field(default_factory=empty_bank)
@@ -64,6 +71,7 @@ class RoundState:
     guard: tuple[float, float] | None = None  # (start, best); None: not measured yet
     trainer: dict | None = None
     tools: Any = None  # envs.tool_pool.ToolPool
+    skills: pd.DataFrame = field(default_factory=empty_skills)
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -95,6 +103,7 @@ def rollout(
     budget = Budget(params.schedule.tasks_per_round, cfg.samples_per_task, r,
                     params.schedule.seed * 1000 + r)  # fmt: skip
     bind_tools(suite, state.tools, cfg.executor)
+    memory = remembering(params, state.skills)
     catalog = schedulable(suite.catalog, state.quarantine, params.schedule.kinds)
     knobs = getattr(params.schedule, method, None)  # the method's own section; random has none
     plan, schedule_s = timed(SCHEDULERS[method], catalog, state.history, budget, knobs)
@@ -107,7 +116,12 @@ def rollout(
             EpisodeSpec(
                 f"r{r:02d}/{task_id}/s{k}",
                 suite.tasks[task_id],
-                demonstrated(clone_env(suite.envs[suite.tasks[task_id].env_id]), demos, task_id),
+                memory(
+                    demonstrated(
+                        clone_env(suite.envs[suite.tasks[task_id].env_id]), demos, task_id
+                    ),
+                    suite.tasks[task_id].env_id,
+                ),  # fmt: skip
                 group=task_id,
                 sample=k,
                 seed=cfg.seed * 100000 + r * 1000 + k,
@@ -178,6 +192,37 @@ def bind_tools(suite: Suite, tools, executor: str) -> None:
             env.pool = tools
 
 
+def skill_config(params: Params):
+    from rollwise.memory.skills import SkillConfig
+
+    m = params.rollout.memory
+    return SkillConfig(mode="append" if m.skills == "append" else "managed", per_env=m.per_env)
+
+
+def remembering(params: Params, skills: pd.DataFrame) -> Callable:
+    """(env, env_id) -> the episode's environment with the memory rollout.memory asks for: the
+    bank's offered skills as tools, working memory's progress note (memory.wrap). Remote
+    workers rebuild environments from the suite folder: refused rather than run without it."""
+    m = params.rollout.memory
+    if m.skills == "none" and not m.working:
+        return lambda env, env_id: env
+    if params.rollout.executor != "local":
+        raise ValueError(
+            f"rollout.executor {params.rollout.executor!r}: rollout.memory travels only with "
+            "the local executor; set rollout.executor: local or turn rollout.memory off"
+        )
+    from rollwise.memory import wrap
+    from rollwise.memory.bank import exposed
+
+    cfg = skill_config(params)
+
+    def memory(env, env_id: str):
+        offered = exposed(skills, env_id, cfg) if m.skills != "none" and len(skills) else None
+        return wrap(env, offered, m.working)
+
+    return memory
+
+
 def opening_demonstrations(params: Params, bank: pd.DataFrame, suite, plan, tokenizer):
     """With `curate.demonstrations`, the best banked success of each planned task as opening
     messages, and the tasks whose demonstration would overflow the context (skipped)."""
@@ -232,9 +277,11 @@ class Curated:
 
 def curate(
     params: Params, suite: Suite, episodes: pd.DataFrame, steps: pd.DataFrame,
-    state: RoundState, r: int,
+    state: RoundState, r: int, tokenizer=None,
 ) -> Curated:  # fmt: skip
-    """Which of round r's episodes may teach, the next quarantine list and the success bank."""
+    """Which of round r's episodes may teach, the next quarantine list and the success bank; with
+    rollout.memory.skills, the skill bank too (`tokenizer` reads the skill calls in the
+    policy's turns)."""
     from rollwise.curate import success_bank
     from rollwise.curate.attribution import attribute
     from rollwise.curate.filters import decide, quarantine
@@ -254,6 +301,10 @@ def curate(
         tasks = list(episodes["task_id"].unique())
         tables["positives"] = success_bank.positives(prior, tasks, cfg.replay_positives, r)
     metrics = curate_metrics(attributions, decisions, quarantined, bank, recheck_calls)
+    if params.rollout.memory.skills != "none":
+        tables["skill_bank"], skill_metrics = skill_round(params, state.skills, bank, episodes,
+                                                          steps, r, tokenizer)  # fmt: skip
+        metrics |= skill_metrics
     tools = None
     if builds_tools(suite):  # admitted on fresh-input evidence, not on the episode's reward
         from rollwise.envs.tool_pool import harvest_round
@@ -261,6 +312,32 @@ def curate(
         tools, tool_metrics = harvest_round(state.tools, episodes, steps, r)
         metrics |= tool_metrics
     return Curated(tables, metrics, tools)
+
+
+def skill_round(
+    params: Params, skills: pd.DataFrame, bank: pd.DataFrame, episodes: pd.DataFrame,
+    steps: pd.DataFrame, r: int, tokenizer,
+) -> tuple[pd.DataFrame, dict]:  # fmt: skip
+    """Round r's skill bank (the last one with this round's invocations as evidence, reviewed,
+    plus what the success bank induces) and its figures: size, statuses, calls, churn."""
+    from rollwise.memory.bank import invocations, update
+
+    if tokenizer is None:
+        raise ValueError("rollout.memory.skills: curate needs the rollout policy's tokenizer")
+    calls = invocations(episodes, steps, tokenizer)
+    current = int(episodes["policy_version"].max()) if len(episodes) else r - 1
+    new = update(skills, bank, None, calls, r, current, skill_config(params))
+    status = new["status"].value_counts()
+    before = dict(zip(skills["skill_id"], skills["status"], strict=True))
+    changed = sum(before.get(k) != v for k, v in zip(new["skill_id"], new["status"], strict=True))
+    return new, {
+        "skills": int(len(new) - status.get("retired", 0)),
+        "skills_active": int(status.get("active", 0)),
+        "skills_retired": int(status.get("retired", 0)),
+        "skills_churn": int(changed),  # added, or whose status moved
+        "skill_calls": len(calls),
+        **({"skill_call_success": float(calls["success"].mean())} if len(calls) else {}),
+    }
 
 
 def curate_metrics(attributions, decisions, quarantined, bank, recheck_calls: int) -> dict:
@@ -474,7 +551,7 @@ def run_round(
                                   params.rollout, load=lambda: (model, tokenizer))  # fmt: skip
 
     ro = rollout(params, suite, r, state, run, tokenizer)
-    cu = curate(params, suite, ro.episodes, ro.steps, state, r)
+    cu = curate(params, suite, ro.episodes, ro.steps, state, r, tokenizer)
     batch = kept_episodes(ro.episodes, cu.decisions, cu.positives)
     steps = with_positive_steps(ro.steps, cu.positives)
     cr = credit(params, batch, steps, cu.decisions, state, tokenizer)
@@ -498,6 +575,7 @@ def run_round(
         guard=start_best,
         trainer=tr.trainer,
         tools=cu.tools,
+        skills=cu.tables.get("skill_bank", state.skills),
     )
     return after, Round(ro, cu, cr, tr)
 

@@ -42,6 +42,7 @@ from rollwise.config.sampling import (  # noqa: F401
     EnvSchedConfig,
     EnvsConfig,
     FaultsConfig,
+    MemoryConfig,
     PolicyConfig,
     RolloutConfig,
     SandboxConfig,

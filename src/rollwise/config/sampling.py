@@ -300,6 +300,25 @@ class SandboxConfig(Section):
     max_calls: int = Field(64, ge=1, description="Tool calls per code action.")
 
 
+class MemoryConfig(Section):
+    """Memory across episodes (rollwise/memory): a skill bank and working memory, off by default.
+    Sources: SkillForge (a verified skill bank), Recuris (working memory)."""
+
+    skills: Literal["none", "managed", "append"] = Field(
+        "none",
+        description="none; managed: skills induced each round from the curator's success bank, "
+        "offered to the policy as tools and expanded into their real calls, demoted or retired "
+        "as their evidence falls (SkillForge); append: the same bank, never pruned (the "
+        "comparison). The bank is data/curated/round_NN/skill_bank.parquet.",
+    )
+    working: bool = Field(
+        False,
+        description="A progress note (ids found, sub-goals done, values still needed), kept from "
+        "the recorded steps, after each turn's observations.",
+    )
+    per_env: int = Field(4, ge=1, description="Skills offered per environment, active first.")
+
+
 class RolloutConfig(Section):
     """Sampling episodes with the current policy (rollout/)."""
 
@@ -351,6 +370,7 @@ class RolloutConfig(Section):
     sandbox: SandboxConfig = Field(
         SandboxConfig(), description="What one code action may spend (action_mode: code)."
     )
+    memory: MemoryConfig = Field(MemoryConfig(), description="Memory across episodes (below).")
 
 
 class CurateConfig(Section):
