@@ -7,10 +7,19 @@ the same environments). The policy is fixed and scripted: it makes its task's or
 per turn, then answers; with skills exposed, when the skill its oracle abstracts is among them
 it calls that skill in one turn instead (the engine expands it into the same real calls).
 Horizon = rollout max_turns. Also measured: real tool calls and prompt tokens per episode (the
-progress note's cost). The RL half (the same arms after training) needs a policy that learns
-to call skills and read the note; not measured: its figures are null.
+progress note's cost).
+
+RL half (`--rl`): from one warm start per seed (bench/learning.py's recipe), `--rounds` rounds
+in each arm at equal rollouts, the arm's memory on in the round (rollout.memory: none, working,
+skills managed, both, and append, the never-pruned bank); then greedy held-out success by
+horizon (the oracle's call count), each arm with its own memory and bank. Per round: the bank's
+size, churn, skill calls and their success share. `memory_minus_none_pts_longest`: the best
+memory arm minus none on the longest tasks (target >= +10); `skillforge_minus_append_only_pts`:
+skills minus append over all held-out tasks. Without `--rl` they are null.
 
     .venv/bin/python bench/memory.py [--horizons 1 2 3 4 5] [--out bench/results/memory.json]
+    .venv/bin/python bench/memory.py --rl [key=value ...] [--recipe smollm2|tiny] [--seeds 0] \
+        [--rounds 4] [--eval-tasks 64] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ from rollwise.types import ToolCall  # noqa: E402
 
 ARMS = {"none": (False, False), "working": (False, True), "skills": (True, False),
         "both": (True, True)}  # fmt: skip
+# The RL arms as rollout.memory settings (skills, working); append: SkillForge's comparison.
+RL_ARMS = {"none": ("none", False), "working": ("none", True), "skills": ("managed", False),
+           "both": ("managed", True), "append": ("append", False)}  # fmt: skip
 ENVS = EnvsConfig(seed=0, n_envs=4, tasks_per_env=60, owners_per_env=6, max_records=3,
                   heldout_envs=0)  # fmt: skip
 
@@ -92,10 +104,116 @@ def run_arm(suite, tok, tasks, table, skills: bool, working: bool, horizon: int,
             "prompt_tokens": round(float(frame["prompt_tokens"].mean()), 1)}  # fmt: skip
 
 
+def by_horizon(episodes: pd.DataFrame, suite) -> dict[str, float]:
+    """Success (points) by the oracle's number of calls, 4+ together."""
+    calls = episodes["task_id"].map(lambda t: min(len(suite.tasks[t].oracle), 4))
+    return {(f"{h}+" if h == 4 else str(h)): round(100 * float(g.mean()), 1)
+            for h, g in episodes["success"].groupby(calls)}  # fmt: skip
+
+
+def after_rl(args) -> dict:
+    """The RL half: every arm from the seed's warm start, its memory on in the rounds and in
+    the evaluation."""
+    import torch
+
+    from bench.common import (
+        arm_params,
+        bench_params,
+        parse_overrides,
+        seeded,
+        suite_at,
+        warm_start_folder,
+    )
+    from bench.learning import RECIPES
+    from rollwise.evaluate.full import evaluation_tasks
+
+    torch.set_num_threads(args.threads)
+    p = bench_params({**RECIPES[args.recipe], **parse_overrides(args.overrides)})
+    suite, _ = suite_at(args.cache, p.envs)
+    tasks = evaluation_tasks(suite, "heldout", args.eval_tasks)
+    runs = []
+    for seed in args.seeds:
+        base = arm_params(p, {**seeded(seed), "warmstart.seed": seed, "rounds": args.rounds})
+        folder = warm_start_folder(base, suite, args.cache)
+        for arm, (skills, working) in RL_ARMS.items():
+            cfg = arm_params(base, {"rollout.memory.skills": skills,
+                                    "rollout.memory.working": working})  # fmt: skip
+            runs.append(
+                {"seed": seed, "arm": arm, **rl_arm(cfg, folder, suite, tasks, args.rounds)}
+            )
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "rounds"}), flush=True)
+    return summary(runs)
+
+
+def rl_arm(cfg, folder: Path, suite, tasks: list, n_rounds: int) -> dict:
+    """One arm: `n_rounds` rounds from the warm start in `folder`, then greedy success on
+    `tasks` with the arm's memory and its final bank."""
+    from rollwise import loop
+    from rollwise.evaluate.full import evaluate_policy
+    from rollwise.policy.build import load_policy
+    from rollwise.policy.hf import HFBackend
+
+    model, tok = load_policy(folder)
+    rounds: list[dict] = []
+
+    def on_round(r: int, done: loop.Round) -> None:
+        m, sampled = done.curated.metrics, done.rollout.metrics["success_rate"]
+        rounds.append({"round": r, "sample_success": sampled,
+                       **{k: v for k, v in m.items() if k.startswith("skill")}})  # fmt: skip
+        print(json.dumps(rounds[-1]), flush=True)
+
+    model, state = loop.run_rounds(cfg, suite, model, tok, n_rounds, on_round=on_round)
+    limits = loop.greedy_limits(cfg, max_turns=cfg.evaluate.max_turns,
+                                max_new_tokens=cfg.evaluate.max_new_tokens)  # fmt: skip
+    episodes = evaluate_policy(HFBackend(model, tok), tok, suite, tasks, limits,
+                               loop.remembering(cfg, state.skills))  # fmt: skip
+    return {"success": round(100 * float(episodes["success"].mean()), 1),
+            "by_horizon": by_horizon(episodes, suite),
+            "skills_offered": int((state.skills["status"] != "retired").sum()),
+            "rounds": rounds}  # fmt: skip
+
+
+def summary(runs: list[dict]) -> dict:
+    """Medians over seeds of each arm's figures and the two targets' differences."""
+    import numpy as np
+
+    def median(arm: str, get) -> float | None:
+        values = [get(r) for r in runs if r["arm"] == arm and get(r) is not None]
+        return float(np.median(values)) if values else None
+
+    longest = max(h for r in runs for h in r["by_horizon"])
+    best = max((a for a in RL_ARMS if a != "none"),
+               key=lambda a: median(a, lambda r: r["by_horizon"].get(longest)) or 0.0)  # fmt: skip
+    none_longest = median("none", lambda r: r["by_horizon"].get(longest))
+    best_longest = median(best, lambda r: r["by_horizon"].get(longest))
+    skills, append = (
+        median("skills", lambda r: r["success"]),
+        median("append", lambda r: r["success"]),
+    )
+    return {
+        "after_rl": {a: median(a, lambda r: r["success"]) for a in RL_ARMS},
+        "longest_horizon": longest,
+        "memory_arm_longest": best,
+        "memory_minus_none_pts_longest": None if none_longest is None or best_longest is None
+        else round(best_longest - none_longest, 1),
+        "skillforge_minus_append_only_pts": None if skills is None or append is None
+        else round(skills - append, 1),
+        "rl_runs": runs,
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="*", help="--rl: dotted params overrides")
     ap.add_argument("--horizons", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "memory.json")
+    ap.add_argument("--rl", action="store_true", help="the RL half: arms trained with memory")
+    ap.add_argument("--recipe", default="smollm2", help="bench/learning.py's RECIPES")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--eval-tasks", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "memory")
     args = ap.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,14 +229,16 @@ def main() -> None:
     result = {
         "command": "python bench/memory.py " + " ".join(sys.argv[1:]),
         "git_commit": STARTED_AT,
-        "policy": "scripted oracle (fixed); trained-policy figures null: no learning substrate",
+        "policy": "scripted oracle (fixed); --rl: the recipe's policy trained in each arm",
         "envs": ENVS.model_dump(),
         "bank_tasks": len(bank_tasks),
         "eval_tasks": len(tasks),
         "skills": len(table),
         "skill_coverage": coverage(suite, tasks, table, cfg),
         "fixed_policy": fixed,
-        "after_rl": {arm: None for arm in ARMS},
+        "after_rl": {arm: None for arm in RL_ARMS},
+        "memory_minus_none_pts_longest": None,
+        "skillforge_minus_append_only_pts": None,
         "skills_minus_none_pts_at_h2": round(
             fixed["skills"]["2"]["success"] - fixed["none"]["2"]["success"], 1
         )
@@ -127,8 +247,10 @@ def main() -> None:
         "working_note_prompt_tokens": round(
             fixed["working"][last]["prompt_tokens"] - fixed["none"][last]["prompt_tokens"], 1
         ),  # fmt: skip
-        "wall_s": round(time.perf_counter() - t0, 1),
     }
+    if args.rl:
+        result |= after_rl(args)
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

@@ -30,10 +30,16 @@ def evaluation_tasks(suite, split: str, max_tasks: int) -> list[Task]:
     return tasks[:max_tasks]
 
 
-def evaluate_policy(backend, tokenizer, suite, tasks: list[Task], limits: Limits) -> pd.DataFrame:
-    """One greedy episode per task; rows as the rollout engine writes them."""
+def evaluate_policy(
+    backend, tokenizer, suite, tasks: list[Task], limits: Limits, env_of=None
+) -> pd.DataFrame:
+    """One greedy episode per task; rows as the rollout engine writes them. `env_of(env, env_id)`:
+    the episode's environment as a round's rollout would wrap it (loop.remembering)."""
+    wrap = env_of or (lambda env, env_id: env)
     specs = [
-        EpisodeSpec(f"eval/{t.task_id}", t, clone_env(suite.envs[t.env_id]), group=t.task_id)
+        EpisodeSpec(
+            f"eval/{t.task_id}", t, wrap(clone_env(suite.envs[t.env_id]), t.env_id), group=t.task_id
+        )  # fmt: skip
         for t in tasks
     ]
     episodes, _ = run_episodes(specs, backend, tokenizer, limits)
