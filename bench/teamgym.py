@@ -9,11 +9,15 @@ decider takes the exact posterior's best candidate). Per policy: success per con
 communication gap (single minus split, points), the retrieval gap (split minus retrieval),
 disclosure, use and failure-to-use rates, and CoSIR's per-message surprisal drops.
 
-`cosir_minus_outcome_pts` (CoSIR's credit against outcome-only credit, trained) needs trained
-policies on a substrate that runs team episodes through the rollout engine; none exists yet, so
-it is null.
+`--model FOLDER`: a chat model (a local policy folder) as every participant, through
+rollout/team.py's ChatPolicy, on the first `--model-tasks` tasks, beside share_all on the same
+tasks: the same figures for a real policy, untrained for teams.
+
+`cosir_minus_outcome_pts` (CoSIR's credit against outcome-only credit, trained) needs team
+episodes trained through the round; not built yet, so it is null.
 
     python bench/teamgym.py [--worlds 4] [--tasks 50] [--out bench/results/teamgym.json]
+    python bench/teamgym.py --model FOLDER [--model-tasks 16] [--temperature 0.7] [--threads 1]
 """
 
 from __future__ import annotations
@@ -68,6 +72,31 @@ def run_policy(tasks, policy, args) -> dict:
     return out
 
 
+def model_arm(tasks: list, args) -> dict:
+    """The chat model in `args.model` as every participant, and share_all on the same tasks."""
+    import torch
+
+    from rollwise.policy.build import load_policy
+    from rollwise.policy.hf import HFBackend
+    from rollwise.rollout.team import ChatPolicy
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_policy(args.model)
+    chat = ChatPolicy(HFBackend(model, tok), tok, args.max_new_tokens, args.temperature)
+    t0 = time.perf_counter()
+    out = run_policy(tasks, chat, args)
+    turns = chat.turns
+    return {"folder": str(args.model), "tasks": len(tasks), **out,
+            "generations": len(turns), "passes": sum(t.text.upper().startswith("PASS")
+                                                      for t in turns if t.act == "speak"),
+            "undecided": sum(t.act == "decide" and not any(ch.isdigit() for ch in t.text)
+                             for t in turns),
+            "examples": [{"participant": t.participant, "act": t.act, "text": t.text}
+                         for t in turns[:6]],
+            "share_all_same_tasks": run_policy(tasks, POLICIES["share_all"], args),
+            "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", type=int, default=4, help="worlds (seeds) per domain")
@@ -78,6 +107,11 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=8, help="messages per episode")
     ap.add_argument("--distractors", type=int, default=3, help="distractor entities per hand")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/teamgym.json")
+    ap.add_argument("--model", type=Path, help="a policy folder to play as every participant")
+    ap.add_argument("--model-tasks", type=int, default=16, help="tasks the model plays")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0 = time.perf_counter()
     tasks = [t for d in DOMAINS for w in range(args.worlds)
@@ -87,17 +121,22 @@ def main() -> None:
         "command": "python bench/teamgym.py " + " ".join(sys.argv[1:]),
         "git_commit": STARTED_AT,
         "settings": {
-            **{k: v for k, v in vars(args).items() if k != "out"},
+            **{
+                k: (str(v) if isinstance(v, Path) else v)
+                for k, v in vars(args).items()
+                if k != "out"
+            },
             "domains": list(DOMAINS),
         },  # fmt: skip
         "tasks": len(tasks),
         "pivotal_facts_mean": sum(pivotal) / len(pivotal),
         "pivotal_verified_by_ablation": len(tasks),  # make_tasks raises on any failure
         "policies": {name: run_policy(tasks, p, args) for name, p in POLICIES.items()},
+        "model": model_arm(tasks[: args.model_tasks], args) if args.model else None,
         "cosir_minus_outcome_pts": None,
         "cosir_minus_outcome_note": (
-            "needs trained policies on a learning substrate that runs team episodes (the rollout "
-            "engine does not yet play several contexts against one channel); not measured"
+            "needs team episodes trained through the round (rollout/team.py plays a chat model "
+            "but no round trains on its turns yet); not measured"
         ),
         "wall_s": round(time.perf_counter() - t0, 1),
     }

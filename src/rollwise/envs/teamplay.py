@@ -3,10 +3,9 @@ same policy with its own context (self-play), a budget of messages.
 
 A pure module: it runs participants given as a `Policy` (the scripted ones below) and records
 who said what and which facts, pivotal ones included, each message discloses (read from the
-message text by the facts' canonical phrases, never from the policy's own account). It is not
-wired into the rollout engine: an LLM policy would implement `Policy` over chat prompts built
-from `View` (the rollout engine's batched loop does not yet run several policies' contexts
-against one channel).
+message text by the facts' canonical phrases, never from the policy's own account). A chat model
+plays through rollout/team.py `ChatPolicy` (one generation per message, token-exact turns);
+the rollout engine's batched loop does not run team episodes.
 
 Rounds: every participant in turn (the decider last), until the budget is spent or a whole
 round passes in silence; then the decider decides. Metrics (`round_metrics`): success per
@@ -51,8 +50,8 @@ class Policy(Protocol):
     def speak(self, view: View, rng: random.Random) -> str | None:
         """The next message, or None to pass."""
 
-    def decide(self, view: View, rng: random.Random) -> int:
-        """The decider's choice of candidate."""
+    def decide(self, view: View, rng: random.Random) -> int | None:
+        """The decider's choice of candidate (None: no valid choice)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ def round_metrics(episodes: list[TeamEpisode]) -> dict:
     by = {c: [e for e in episodes if e.setup.condition == c] for c in CONDITIONS}
     success = {c: pct([e.success for e in eps]) for c, eps in by.items()}
     team = by["split"] + by["retrieval"]
-    use = [posterior(e.task.candidates, e.task.rule, e.decider_facts())[e.decision] > 0
+    use = [posterior(e.task.candidates, e.task.rule, e.decider_facts()).get(e.decision, 0) > 0
            for e in team]  # fmt: skip
     enough = [e for e in team if decided(e) == e.task.decision]
     return {
