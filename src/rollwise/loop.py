@@ -209,16 +209,19 @@ def remembering(params: Params, skills: pd.DataFrame) -> Callable:
     if params.rollout.executor != "local":
         raise ValueError(
             f"rollout.executor {params.rollout.executor!r}: rollout.memory travels only with "
-            "the local executor; set rollout.executor: local or turn rollout.memory off"
+            "the local executor; set rollout.executor: local, or rollout.memory.skills: none "
+            "and rollout.memory.working: false"
         )
     from rollwise.memory import wrap
     from rollwise.memory.bank import exposed
 
-    cfg = skill_config(params)
+    cfg, offered = skill_config(params), {}  # env_id -> its skills, looked up once a round
 
     def memory(env, env_id: str):
-        offered = exposed(skills, env_id, cfg) if m.skills != "none" and len(skills) else None
-        return wrap(env, offered, m.working)
+        if env_id not in offered:
+            use = m.skills != "none" and len(skills)
+            offered[env_id] = exposed(skills, env_id, cfg) if use else None
+        return wrap(env, offered[env_id], m.working)
 
     return memory
 

@@ -7,8 +7,10 @@ error), not the calls' results: those stay in the code's variables."""
 
 from __future__ import annotations
 
+import re
 import threading
 
+from rollwise.envs.rubric import parse
 from rollwise.sandbox import run_code
 from rollwise.types import Observation, ToolCall
 
@@ -41,8 +43,14 @@ def execute_code(
 
 def oracle_code(calls: list[ToolCall]) -> str:
     """An oracle's calls as one code action: each result kept in a variable, the last shown."""
-    lines = [f"{c.name}({', '.join(f'{k}={v!r}' for k, v in c.arguments.items())})" for c in calls]
-    return "\n".join([*(f"r{i} = {line}" for i, line in enumerate(lines[:-1])), lines[-1]])
+    return block([(c.name, [(k, repr(v)) for k, v in c.arguments.items()]) for c in calls])
+
+
+def block(lines: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    """(tool, [(argument, Python expression)]) per call as one code action: each result in a
+    variable r0, r1, ..., the last call's value shown."""
+    calls = [f"{name}({', '.join(f'{k}={expr}' for k, expr in args)})" for name, args in lines]
+    return "\n".join([*(f"r{i} = {call}" for i, call in enumerate(calls[:-1])), calls[-1]])
 
 
 def grounded_blocks(calls: list[ToolCall], observations: list[str], question: str) -> list[str]:
@@ -51,14 +59,14 @@ def grounded_blocks(calls: list[ToolCall], observations: list[str], question: st
     an earlier call returned as an expression over that call's variable (`r0['customer_id']`,
     or the element of a returned list picked by a field whose value the question names). One
     block when every value is so written; else one block per call, each showing its result."""
-    results = [parsed(o) for o in observations]
+    results = [parse(o) for o in observations]
     lines = []
     for i, call in enumerate(calls):
         args = [(k, ground(v, results[:i], question)) for k, v in call.arguments.items()]
         if any(expr is None for _, expr in args):
             return [oracle_code([c]) for c in calls]
-        lines.append(f"{call.name}({', '.join(f'{k}={expr}' for k, expr in args)})")
-    return ["\n".join([*(f"r{i} = {line}" for i, line in enumerate(lines[:-1])), lines[-1]])]
+        lines.append((call.name, args))
+    return [block(lines)]
 
 
 def ground(value, results: list, question: str) -> str | None:
@@ -97,16 +105,5 @@ def reach(value, result, var: str, question: str) -> tuple[str | None, bool]:
 
 def said(value, question: str) -> bool:
     """Whether the question states `value` (as a whole word, any case)."""
-    import re
-
     text = str(value)
     return bool(text) and re.search(rf"(?<!\w){re.escape(text)}(?!\w)", question, re.I) is not None
-
-
-def parsed(observation: str):
-    import json
-
-    try:
-        return json.loads(observation)
-    except (TypeError, ValueError):
-        return None
