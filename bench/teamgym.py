@@ -13,11 +13,18 @@ disclosure, use and failure-to-use rates, and CoSIR's per-message surprisal drop
 rollout/team.py's ChatPolicy, on the first `--model-tasks` tasks, beside share_all on the same
 tasks: the same figures for a real policy, untrained for teams.
 
-`cosir_minus_outcome_pts` (CoSIR's credit against outcome-only credit, trained) needs team
-episodes trained through the round; not built yet, so it is null.
+`--train` (with `--model`): the trained comparison. The model is SFT'd on share_all's episodes of
+train tasks (`--warm-steps`: a partial team policy, rollout/team.py demo_sequences), then two arms
+from that same warm start run `--rounds` RL rounds of loop.team_round on the same fresh train
+tasks at equal rollouts: credit on the team outcome alone (credit.method grpo) and outcome plus
+CoSIR's surprisal reward (credit.method cosir). Greedy success per condition on held-out worlds'
+tasks before and after; `cosir_minus_outcome_pts` is the arms' difference over split and
+retrieval (the conditions where telling matters), with its paired standard error.
 
     python bench/teamgym.py [--worlds 4] [--tasks 50] [--out bench/results/teamgym.json]
     python bench/teamgym.py --model FOLDER [--model-tasks 16] [--temperature 0.7] [--threads 1]
+    python bench/teamgym.py --model FOLDER --train [--warm-steps 20] [--rounds 4] \
+        [--train-tasks 8] [--eval-tasks 12] [--cosir-weight 1.0] [key=value ...]
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.credit.cosir import surprisal_drops  # noqa: E402
 from rollwise.envs.team import CONDITIONS, make_tasks, setup  # noqa: E402
-from rollwise.envs.teamplay import Scripted, play, round_metrics  # noqa: E402
+from rollwise.envs.teamplay import Scripted, gap, play, round_metrics  # noqa: E402
 
 DOMAINS = ("shop", "clinic", "library", "travel", "garage", "school")
 POLICIES = {
@@ -47,9 +54,11 @@ POLICIES = {
 }
 
 
-def paired_se(a: list[bool], b: list[bool]) -> float:
-    """Standard error (points) of the mean of per-task differences a - b."""
+def paired_se(a: list[bool], b: list[bool]) -> float | None:
+    """Standard error (points) of the mean of per-task differences a - b (None under two)."""
     d = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    if len(d) < 2:
+        return None
     mean = sum(d) / len(d)
     return 100 * math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
 
@@ -97,6 +106,90 @@ def model_arm(tasks: list, args) -> dict:
             "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
 
 
+# The learning bench's SmolLM2 knobs (bench/learning.py RECIPES): a short SFT, then small
+# on-policy rounds inside a trust region.
+TEAM_RECIPE = {
+    "warmstart.batch_size": 8, "warmstart.lr": 2e-4, "warmstart.optimizer": "adamw",
+    "warmstart.weight_decay": 0.0, "warmstart.balance_kinds": False,
+    "rollout.samples_per_task": 4, "rollout.temperature": 0.7,
+    "train.lr": 1e-5, "train.max_kl": 8e-3, "train.epochs": 1, "train.minibatches": 2,
+    "train.micro_batch": 8, "train.warmup_steps": 0,
+}  # fmt: skip
+TRAINED_CONDITIONS = ("split", "retrieval")
+
+
+def greedy_success(model, tok, tasks: list, args) -> tuple[dict, dict]:
+    """round_metrics of greedy play on `tasks` under every condition, and each
+    (task, condition)'s success for paired differences."""
+    from rollwise.policy.hf import HFBackend
+    from rollwise.rollout.team import ChatPolicy
+
+    chat = ChatPolicy(HFBackend(model, tok), tok, args.max_new_tokens, greedy=True)
+    eps = [play(t, setup(t, c, args.k, seed=0, distractors=args.distractors), chat, args.budget, 0)
+           for c in CONDITIONS for t in tasks]  # fmt: skip
+    return round_metrics(eps), {f"{e.task.task_id}/{e.setup.condition}": e.success for e in eps}
+
+
+def trained_arms(train_tasks: list, eval_tasks: list, args) -> dict:
+    """The SFT warm start on share_all's episodes, then outcome-only vs CoSIR rounds from it."""
+    import copy
+    import random
+
+    import torch
+
+    from bench.common import bench_params
+    from rollwise import loop
+    from rollwise.config import parse_overrides
+    from rollwise.policy.build import load_policy
+    from rollwise.rollout.team import TeamSettings, demo_sequences
+    from rollwise.train.sft import sft
+
+    torch.set_num_threads(args.threads)
+    p = bench_params({**TEAM_RECIPE, "warmstart.steps": args.warm_steps, "train.seed": args.seed,
+                      "warmstart.seed": args.seed, **parse_overrides(args.overrides)})  # fmt: skip
+    model, tok = load_policy(args.model)
+    teacher, t0 = POLICIES["share_all"], time.perf_counter()
+    demos = [seq for t in train_tasks for c in CONDITIONS
+             for seq in demo_sequences(tok, t, setup(t, c, args.k, seed=0,
+                                                     distractors=args.distractors),
+                                       teacher, args.budget, seed=0)]  # fmt: skip
+    losses = sft(model, demos, p.warmstart, tok.pad_token_id)
+    warm = copy.deepcopy(model.state_dict())
+    start, start_ok = greedy_success(model, tok, eval_tasks, args)
+    out = {"warm_start": {"demos": len(demos), "steps": len(losses),
+                          "loss_first_last": [losses[0], losses[-1]] if losses else None,
+                          "wall_s": round(time.perf_counter() - t0, 1), **start}}  # fmt: skip
+    settings = TeamSettings(args.k, args.budget, args.distractors)
+    rng = random.Random(f"teamgym/train/{args.seed}")
+    plan = [rng.sample(train_tasks, args.train_tasks) for _ in range(args.rounds)]
+    finals = {}
+    for arm, method in (("outcome", "grpo"), ("cosir", "cosir")):
+        pa = bench_params({**TEAM_RECIPE, "train.seed": args.seed, "credit.method": method,
+                           "credit.cosir.weight": args.cosir_weight,
+                           **parse_overrides(args.overrides)})  # fmt: skip
+        model.load_state_dict(warm)
+        trainer, rounds, t1 = None, [], time.perf_counter()
+        for r, tasks in enumerate(plan, start=1):
+            done = loop.team_round(pa, model, tok, trainer, tasks, r, TRAINED_CONDITIONS,
+                                   settings, args.max_new_tokens)  # fmt: skip
+            trainer = done.trained.trainer
+            rounds.append({"round": r, **done.metrics})
+            print(arm, r, {k: done.metrics[k] for k in ("success_pct", "surprisal_bits")},
+                  flush=True)  # fmt: skip
+        after, finals[arm] = greedy_success(model, tok, eval_tasks, args)
+        out[arm] = {"rounds": rounds, "after": after, "wall_s": round(time.perf_counter() - t1, 1),
+                    "gain_pts": {c: gap(after["success_pct"][c], start["success_pct"][c])
+                                 for c in CONDITIONS}}  # fmt: skip
+    keys = [k for k in start_ok if k.rsplit("/", 1)[1] in TRAINED_CONDITIONS]
+    out["cosir_minus_outcome_pts"] = 100 * sum(finals["cosir"][k] - finals["outcome"][k]
+                                               for k in keys) / len(keys)  # fmt: skip
+    out["cosir_minus_outcome_se_pts"] = paired_se([finals["cosir"][k] for k in keys],
+                                                  [finals["outcome"][k] for k in keys])  # fmt: skip
+    out["episodes_per_arm"] = args.rounds * args.train_tasks * len(TRAINED_CONDITIONS) * (
+        p.rollout.samples_per_task)  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", type=int, default=4, help="worlds (seeds) per domain")
@@ -112,10 +205,22 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--train", action="store_true", help="the trained comparison (needs --model)")
+    ap.add_argument("--warm-steps", type=int, default=20, help="SFT steps on share_all demos")
+    ap.add_argument("--rounds", type=int, default=4, help="RL rounds per arm")
+    ap.add_argument("--train-tasks", type=int, default=8, help="train tasks a round")
+    ap.add_argument("--eval-tasks", type=int, default=12, help="held-out tasks (new worlds)")
+    ap.add_argument("--cosir-weight", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("overrides", nargs="*", help="params overrides key=value for both arms")
     args = ap.parse_args()
+    if args.train and not args.model:
+        ap.error("--train needs --model FOLDER (the policy to train)")
     t0 = time.perf_counter()
     tasks = [t for d in DOMAINS for w in range(args.worlds)
              for t in make_tasks(d, w, args.tasks, args.candidates, args.conditions)]  # fmt: skip
+    held_out = [make_tasks(DOMAINS[i % len(DOMAINS)], 1000 + i, 1, args.candidates,
+                           args.conditions)[0] for i in range(args.eval_tasks)]  # fmt: skip
     pivotal = [len(t.pivotal) for t in tasks]
     result = {
         "command": "python bench/teamgym.py " + " ".join(sys.argv[1:]),
@@ -133,13 +238,12 @@ def main() -> None:
         "pivotal_verified_by_ablation": len(tasks),  # make_tasks raises on any failure
         "policies": {name: run_policy(tasks, p, args) for name, p in POLICIES.items()},
         "model": model_arm(tasks[: args.model_tasks], args) if args.model else None,
+        "trained": trained_arms(tasks, held_out, args) if args.train else None,
         "cosir_minus_outcome_pts": None,
-        "cosir_minus_outcome_note": (
-            "needs team episodes trained through the round (rollout/team.py plays a chat model "
-            "but no round trains on its turns yet); not measured"
-        ),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
+    if result["trained"]:
+        result["cosir_minus_outcome_pts"] = result["trained"]["cosir_minus_outcome_pts"]
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for name, m in result["policies"].items():
         print(name, {k: m[k] for k in ("success_pct", "communication_gap_pts", "retrieval_gap_pts",

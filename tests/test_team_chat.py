@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import random
 import sys
+from pathlib import Path
+
+import pytest
 
 from rollwise.envs.team import make_tasks, setup
 from rollwise.envs.teamplay import play, round_metrics, view_of
@@ -104,3 +107,131 @@ def test_teamgym_plays_a_policy_folder_as_every_participant(tmp_path, monkeypatc
     assert model["tasks"] == 2 and model["generations"] >= 2 * 3  # a decision per episode at least
     assert set(model["success_pct"]) == {"single", "split", "retrieval"}
     assert model["share_all_same_tasks"]["episodes"] == model["episodes"]
+
+
+class Coin(Writes):
+    """Per episode (from its first generation to its decision) a coin from the first seed: heads,
+    `reply`; tails, PASS throughout and no decision. Groups of mixed outcomes."""
+
+    heads: bool | None = None
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None):
+        if self.heads is None:
+            self.heads = (seed or 0) % 2 == 0
+        text = self.tok.decode(prompts[0])
+        reply = self.reply(text) if self.heads else "PASS"
+        if "Reply with the id" in text:
+            self.heads = None
+        ids = encode(self.tok, reply)[:max_new_tokens]
+        return [Completion(ids, [-0.5] * len(ids), stopped=True)]
+
+
+def teller(task):
+    def reply(prompt: str) -> str:
+        if "Reply with the id" in prompt:
+            return f"the answer is {task.decision}"
+        mine = [f for f in task.pivotal if f.phrase in prompt.split("Channel so far")[0]]
+        heard = prompt.split("Channel so far")[1]
+        fresh = [f.phrase for f in mine if f.phrase not in heard]
+        return fresh[0] if fresh else "PASS"
+
+    return reply
+
+
+def test_a_teachers_episode_becomes_sft_sequences_with_only_its_replies_as_targets():
+    from rollwise.envs.teamplay import Scripted
+    from rollwise.rollout.team import demo_sequences
+
+    (task,) = make_tasks("shop", 0, 1)
+    tok = train_tokenizer(corpus([task]))
+    s = setup(task, "split", 3, seed=0)
+    seqs = demo_sequences(tok, task, s, Scripted("all"), budget=8, seed=0)
+    ep = play(task, s, Scripted("all"), budget=8, seed=0)
+    replies = [tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) for ids, mask in seqs]
+    told = [r.removesuffix(tok.eos_token) for r in replies[:-1] if not r.startswith("PASS")]
+    assert told == [m.text for m in ep.messages]  # every message, in order; passes are PASS
+    assert replies[-1] == f"{ep.decision}{tok.eos_token}"  # the decision: the id alone
+    for ids, mask in seqs:
+        k = mask.index(1)
+        assert set(mask[k:]) == {1} and task.brief.question in tok.decode(ids[:k])
+
+
+def test_generation_credit_by_hand_outcome_plus_weighted_surprisal_drop():
+    from rollwise.credit.cosir import generation_tables, surprisal_drops
+    from rollwise.rollout.team import play_chat
+
+    (task,) = make_tasks("shop", 0, 1)
+    tok = train_tokenizer(corpus([task]))
+    s = setup(task, "split", 3, seed=0)
+    won = play_chat(task, s, ChatPolicy(Writes(tok, teller(task)), tok), budget=8, seed=0)
+    lost = play_chat(task, s, ChatPolicy(Writes(tok, lambda p: "PASS"), tok), budget=8, seed=0)
+    assert won.episode.success and not lost.episode.success
+    drops = surprisal_drops(task, [m.disclosed for m in won.episode.messages])
+    episodes, adv = generation_tables([won, lost], ["g", "g"], weight=0.5, std_norm=False, eps=1e-6)
+    assert len(episodes) == len(won.turns) + len(lost.turns)
+    mine = adv.iloc[: len(won.turns)]
+    posted = won.posted()
+    expected = [0.5 + (0.5 * drops[i] if i is not None else 0.0) for i in posted]
+    assert mine["advantage"].tolist() == pytest.approx(expected)  # +1/2: centred outcome of 2
+    theirs = adv.iloc[len(won.turns) :]["advantage"].tolist()
+    assert theirs == pytest.approx([-0.5] * len(lost.turns))
+    assert mine["surprisal_drop"].sum() == pytest.approx(sum(drops)) and sum(drops) > 0
+    row = episodes.iloc[0]
+    n = len(won.turns[0].prompt_ids)
+    assert row["loss_mask"] == [0] * n + [1] * len(won.turns[0].completion_ids)
+    assert row["logprobs"][n:] == won.turns[0].logprobs and adv.iloc[0]["span_start"] == n
+    # outcome-only: weight 0 leaves every generation of an episode the same advantage
+    _, flat = generation_tables([won, lost], ["g", "g"], weight=0.0, std_norm=False, eps=1e-6)
+    assert set(flat.iloc[: len(won.turns)]["advantage"]) == {0.5}
+
+
+def test_a_team_round_plays_credits_and_trains_the_policy(tmp_path):
+    import torch
+
+    from rollwise import loop
+    from rollwise.config import read_raw, validate
+    from tests.helpers import TINY_POLICY
+
+    tasks = make_tasks("shop", 0, 2)
+    tok = train_tokenizer(corpus(tasks))
+    model = build_model(tok, TINY_POLICY)
+    raw = read_raw(Path(__file__).resolve().parents[1] / "params.yaml")
+    raw["rollout"]["samples_per_task"] = 4
+    raw["credit"] = {"method": "cosir"}
+    raw["train"] = {**raw["train"], "warmup_steps": 0, "lr": 1e-3}
+    params = validate(raw)
+    before = [w.detach().clone() for w in model.parameters()]
+    backend = Coin(tok, teller(tasks[0]))
+    done = loop.team_round(params, model, tok, None, tasks[:1], r=1, conditions=("split",),
+                           backend=backend)  # fmt: skip
+    outcomes = [p.episode.success for p in done.plays]
+    assert len(done.plays) == 4 and any(outcomes) and not all(outcomes)
+    assert done.metrics["generations"] == sum(len(p.turns) for p in done.plays)
+    assert done.metrics["surprisal_bits"] > 0 and done.metrics["train_optimizer_steps"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_teamgym_trains_outcome_and_cosir_arms_from_one_warm_start(tmp_path, monkeypatch):
+    from bench import teamgym
+    from tests.helpers import TINY_POLICY
+
+    tasks = make_tasks("shop", 0, 2)
+    tok = train_tokenizer(corpus(tasks))
+    save_policy(build_model(tok, TINY_POLICY), tok, tmp_path / "policy")
+    out = tmp_path / "teamgym.json"
+    argv = ["teamgym.py", "rollout.samples_per_task=2", "--worlds", "1", "--tasks", "2",
+            "--model", str(tmp_path / "policy"), "--model-tasks", "1", "--max-new-tokens", "6",
+            "--train", "--warm-steps", "2", "--rounds", "1", "--train-tasks", "1",
+            "--eval-tasks", "2", "--out", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    teamgym.main()
+    result = json.loads(out.read_text())
+    trained = result["trained"]
+    assert trained["warm_start"]["steps"] == 2 and trained["warm_start"]["demos"] > 0
+    assert trained["episodes_per_arm"] == 1 * 1 * 2 * 2  # rounds x tasks x conditions x samples
+    for arm in ("outcome", "cosir"):
+        (r1,) = trained[arm]["rounds"]
+        assert r1["generations"] >= 2 * 2  # a decision per episode at least
+        assert set(trained[arm]["after"]["success_pct"]) == {"single", "split", "retrieval"}
+    assert result["cosir_minus_outcome_pts"] == trained["cosir_minus_outcome_pts"]
+    assert -100 <= result["cosir_minus_outcome_pts"] <= 100

@@ -675,3 +675,54 @@ def warmstart_key(params: Params) -> str:
         parts += ("code", params.rollout.sandbox.model_dump())
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
+
+
+@dataclass
+class TeamRound:
+    plays: list  # rollout/team.py TeamPlay, in (task, condition, sample) order
+    trained: Trained
+    metrics: dict
+
+
+def team_round(
+    params: Params, model, tokenizer, trainer: dict | None, tasks: list, r: int,
+    conditions: tuple[str, ...] = ("split", "retrieval"), settings=None,
+    max_new_tokens: int = 48, backend=None,
+) -> TeamRound:  # fmt: skip
+    """One RL round on team episodes (envs/team.py), the policy as every participant: each task
+    played rollout.samples_per_task times under each condition at rollout.temperature, every
+    generation credited (credit/cosir.py generation_tables: the team's outcome, plus
+    credit.cosir.weight x its message's surprisal drop when credit.method is cosir), and the
+    generations trained as `train` trains episodes (PPO-clip, train.max_kl's trust region).
+    `backend` samples the turns (default: policy/hf.py over `model`)."""
+    from rollwise.credit.cosir import generation_tables
+    from rollwise.envs.team import setup
+    from rollwise.envs.teamplay import round_metrics
+    from rollwise.policy.hf import HFBackend
+    from rollwise.rollout.team import ChatPolicy, TeamSettings, play_chat
+
+    settings = settings or TeamSettings()
+    t0 = time.perf_counter()
+    chat = ChatPolicy(backend or HFBackend(model, tokenizer), tokenizer, max_new_tokens,
+                      params.rollout.temperature)  # fmt: skip
+    plays, groups = [], []
+    for task in tasks:
+        for c in conditions:
+            dealt = setup(task, c, settings.k, seed=r, distractors=settings.distractors)
+            for g in range(params.rollout.samples_per_task):
+                seed = params.train.seed * 100_000 + r * 1000 + g
+                plays.append(play_chat(task, dealt, chat, settings.budget, seed))
+                groups.append(f"{task.task_id}/{c}")
+    rollout_s = time.perf_counter() - t0
+    cfg = params.credit
+    weight = cfg.cosir.weight if cfg.method == "cosir" else 0.0
+    episodes, advantages = generation_tables(plays, groups, weight, cfg.std_norm, cfg.eps)
+    trained = train(params, model, tokenizer, trainer, episodes, advantages, r)
+    played = round_metrics([p.episode for p in plays])
+    metrics = {
+        "success_pct": played["success_pct"], "disclosure_rate": played["disclosure_rate"],
+        "generations": len(episodes), "surprisal_bits": float(advantages["surprisal_drop"].sum()),
+        "rollout_s": rollout_s, "train_s": time.perf_counter() - t0 - rollout_s,
+        **{f"train_{k}": v for k, v in trained.metrics.items()},
+    }  # fmt: skip
+    return TeamRound(plays, trained, metrics)

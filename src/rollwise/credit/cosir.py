@@ -17,6 +17,11 @@ task as `group` and its turns' spans; `steps` one row per message with `surprisa
 turn's span_start; the advantage of a turn is the GRPO outcome advantage of its team episode
 plus `credit.cosir.weight` * the turn's surprisal drop. `team_tables` writes both tables from
 played episodes.
+
+Trained (loop.team_round): `generation_tables` gives each generation of a played episode (a
+message, a pass, the decision; rollout/team.py TeamPlay) the GRPO outcome advantage of its team
+episode within its group, plus weight x the surprisal drop of the message it posted: weight 0
+is the outcome-only arm CoSIR is measured against.
 """
 
 from __future__ import annotations
@@ -102,3 +107,27 @@ def cosir(episodes: pd.DataFrame, steps: pd.DataFrame, cfg) -> pd.DataFrame:
         keys = pd.MultiIndex.from_arrays([turns["episode_id"], turns["span_start"]])
         drop = by_turn.reindex(keys).fillna(0.0).to_numpy(float)  # [T]
     return advantage_rows(turns, outcome + cfg.cosir.weight * drop)
+
+
+def generation_tables(plays: list, groups: list[str], weight: float, std_norm: bool, eps: float):
+    """The trainer's inputs from played team episodes (rollout/team.py TeamPlay): one row per
+    generation (prompt and completion token-exact, the rollout's log-probs on the completion),
+    and its advantage over the completion's span. The outcome advantage is normalized over
+    team episodes, not generations, so a long episode does not weigh more in its group."""
+    teams = pd.DataFrame({"group": groups, "reward": [float(p.episode.success) for p in plays]})
+    outcome = group_advantages(teams, std_norm, eps).to_numpy(float)  # [E]
+    rows, adv = [], []
+    for e, play in enumerate(plays):
+        drops = surprisal_drops(play.episode.task, [m.disclosed for m in play.episode.messages])
+        for k, (turn, posted) in enumerate(zip(play.turns, play.posted(), strict=True)):
+            n, m = len(turn.prompt_ids), len(turn.completion_ids)
+            gid = f"team{e:05d}/g{k:02d}"
+            rows.append({"episode_id": gid, "group": groups[e],
+                         "token_ids": turn.prompt_ids + turn.completion_ids,
+                         "loss_mask": [0] * n + [1] * m,
+                         "logprobs": [0.0] * n + list(turn.logprobs)})  # fmt: skip
+            drop = drops[posted] if posted is not None else 0.0
+            adv.append({"episode_id": gid, "step": 0, "span_start": n, "span_end": n + m,
+                        "advantage": outcome[e] + weight * drop,
+                        "surprisal_drop": drop})  # fmt: skip
+    return pd.DataFrame(rows), pd.DataFrame(adv)

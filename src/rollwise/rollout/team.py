@@ -5,7 +5,11 @@ far). Every generation's prompt and completion ids and log-probs are kept (`turn
 participant's messages are token-exact and can be credited and trained like episode turns.
 
 The model's text is data: a message is shown to the others as written (cut to the protocol's
-size), a decision is the first candidate id in the reply; anything else is no decision."""
+size), a decision is the first candidate id in the reply; anything else is no decision.
+
+For training (loop.team_round): `play_chat` keeps each episode's own generations beside it, and
+`demo_sequences` writes a scripted teacher's episode (envs/teamplay.py Scripted) as the same
+prompts with the teacher's text as completions: the SFT warm start of a team policy."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from rollwise.envs.teamplay import View
-from rollwise.policy.chat import prompt_ids
+from rollwise.envs.team import Setup, TeamTask
+from rollwise.envs.teamplay import Policy, TeamEpisode, View, play
+from rollwise.policy.chat import encode, prompt_ids
 
 PASS = "PASS"
 
@@ -77,3 +82,70 @@ class ChatPolicy:
         found = re.search(r"\d+", self.generate(view, "decide", rng))
         choice = int(found.group()) if found else None
         return choice if choice in view.brief.candidates else None
+
+
+@dataclass(frozen=True)
+class TeamSettings:
+    """How a team episode is dealt and played (bench/teamgym.py's defaults)."""
+
+    k: int = 3  # participants (split and retrieval)
+    budget: int = 8  # messages per episode
+    distractors: int = 3  # distractor entities per hand (retrieval)
+
+
+@dataclass(frozen=True)
+class TeamPlay:
+    """One team episode and the generations that played it, in order."""
+
+    episode: TeamEpisode
+    turns: list[TeamTurn]
+
+    def posted(self) -> list[int | None]:
+        """Each turn's message index on the channel: speak turns the protocol posted (a pass
+        posts nothing), in order; None for a pass or the decision."""
+        out, k = [], 0
+        for t in self.turns:
+            speaks = t.act == "speak" and t.text and not t.text.upper().startswith(PASS)
+            out.append(k if speaks and k < len(self.episode.messages) else None)
+            k += bool(speaks)
+        return out
+
+
+def play_chat(task: TeamTask, setup: Setup, chat: ChatPolicy, budget: int, seed: int) -> TeamPlay:
+    start = len(chat.turns)
+    episode = play(task, setup, chat, budget, seed)
+    return TeamPlay(episode, chat.turns[start:])
+
+
+@dataclass
+class Recorder:
+    """A Policy that plays `teacher` and keeps each act's chat prompt and the teacher's reply
+    as the policy would write it (PASS for silence, the id alone for a decision)."""
+
+    teacher: Policy
+    acts: list[tuple[list[dict], str]] = field(default_factory=list)
+
+    def speak(self, view: View, rng: random.Random) -> str | None:
+        text = self.teacher.speak(view, rng)
+        self.acts.append((view_messages(view, "speak"), text or PASS))
+        return text
+
+    def decide(self, view: View, rng: random.Random) -> int | None:
+        choice = self.teacher.decide(view, rng)
+        self.acts.append((view_messages(view, "decide"), "" if choice is None else str(choice)))
+        return choice
+
+
+def demo_sequences(
+    tokenizer, task: TeamTask, setup: Setup, teacher: Policy, budget: int, seed: int
+) -> list[tuple[list[int], list[int]]]:
+    """(ids, loss mask) per act of the teacher's episode: the chat prompt, then the reply and
+    the eos token as the only targets (train/sft.py's sequence format)."""
+    rec = Recorder(teacher)
+    play(task, setup, rec, budget, seed)
+    out = []
+    for messages, text in rec.acts:
+        prompt = prompt_ids(tokenizer, messages, [])
+        reply = encode(tokenizer, text + tokenizer.eos_token)
+        out.append((prompt + reply, [0] * len(prompt) + [1] * len(reply)))
+    return out
