@@ -122,11 +122,12 @@ def greedy_success(model, tok, tasks: list, args) -> tuple[dict, dict]:
     """round_metrics of greedy play on `tasks` under every condition, and each
     (task, condition)'s success for paired differences."""
     from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.team import ChatPolicy
+    from rollwise.rollout.team import ChatPolicy, play_chats
 
     chat = ChatPolicy(HFBackend(model, tok), tok, args.max_new_tokens, greedy=True)
-    eps = [play(t, setup(t, c, args.k, seed=0, distractors=args.distractors), chat, args.budget, 0)
-           for c in CONDITIONS for t in tasks]  # fmt: skip
+    jobs = [(t, setup(t, c, args.k, seed=0, distractors=args.distractors), 0)
+            for c in CONDITIONS for t in tasks]  # fmt: skip
+    eps = [p.episode for p in play_chats(jobs, chat, args.budget)]
     return round_metrics(eps), {f"{e.task.task_id}/{e.setup.condition}": e.success for e in eps}
 
 

@@ -110,20 +110,17 @@ def test_teamgym_plays_a_policy_folder_as_every_participant(tmp_path, monkeypatc
 
 
 class Coin(Writes):
-    """Per episode (from its first generation to its decision) a coin from the first seed: heads,
-    `reply`; tails, PASS throughout and no decision. Groups of mixed outcomes."""
-
-    heads: bool | None = None
+    """`reply`, except that a decision is made only on an even seed (else PASS: no decision):
+    samples of one task end in mixed outcomes."""
 
     def generate(self, prompts, max_new_tokens, temperature=1.0, greedy=False, seed=None):
-        if self.heads is None:
-            self.heads = (seed or 0) % 2 == 0
-        text = self.tok.decode(prompts[0])
-        reply = self.reply(text) if self.heads else "PASS"
-        if "Reply with the id" in text:
-            self.heads = None
-        ids = encode(self.tok, reply)[:max_new_tokens]
-        return [Completion(ids, [-0.5] * len(ids), stopped=True)]
+        out = []
+        for ids, s in zip(prompts, seed, strict=True):
+            text = self.tok.decode(ids)
+            reply = "PASS" if "Reply with the id" in text and s % 2 else self.reply(text)
+            ids = encode(self.tok, reply)[:max_new_tokens]
+            out.append(Completion(ids, [-0.5] * len(ids), stopped=True))
+        return out
 
 
 def teller(task):
@@ -158,13 +155,13 @@ def test_a_teachers_episode_becomes_sft_sequences_with_only_its_replies_as_targe
 
 def test_generation_credit_by_hand_outcome_plus_weighted_surprisal_drop():
     from rollwise.credit.cosir import generation_tables, surprisal_drops
-    from rollwise.rollout.team import play_chat
+    from rollwise.rollout.team import play_chats
 
     (task,) = make_tasks("shop", 0, 1)
     tok = train_tokenizer(corpus([task]))
     s = setup(task, "split", 3, seed=0)
-    won = play_chat(task, s, ChatPolicy(Writes(tok, teller(task)), tok), budget=8, seed=0)
-    lost = play_chat(task, s, ChatPolicy(Writes(tok, lambda p: "PASS"), tok), budget=8, seed=0)
+    (won,) = play_chats([(task, s, 0)], ChatPolicy(Writes(tok, teller(task)), tok), budget=8)
+    (lost,) = play_chats([(task, s, 0)], ChatPolicy(Writes(tok, lambda p: "PASS"), tok), budget=8)
     assert won.episode.success and not lost.episode.success
     drops = surprisal_drops(task, [m.disclosed for m in won.episode.messages])
     episodes, adv = generation_tables([won, lost], ["g", "g"], weight=0.5, std_norm=False, eps=1e-6)
@@ -235,3 +232,21 @@ def test_teamgym_trains_outcome_and_cosir_arms_from_one_warm_start(tmp_path, mon
         assert set(trained[arm]["after"]["success_pct"]) == {"single", "split", "retrieval"}
     assert result["cosir_minus_outcome_pts"] == trained["cosir_minus_outcome_pts"]
     assert -100 <= result["cosir_minus_outcome_pts"] <= 100
+
+
+def test_episodes_played_in_one_batch_are_the_episodes_played_alone():
+    from rollwise.policy.hf import HFBackend
+    from rollwise.rollout.team import play_chats
+    from tests.helpers import TINY_POLICY
+
+    tasks = make_tasks("shop", 0, 2)
+    tok = train_tokenizer(corpus(tasks))
+    chat = ChatPolicy(HFBackend(build_model(tok, TINY_POLICY), tok), tok, max_new_tokens=6)
+    jobs = [(t, setup(t, c, 3, seed=0), g) for t in tasks for c in ("split", "single")
+            for g in range(2)]  # fmt: skip
+    together = play_chats(jobs, chat, budget=4)
+    alone = [play(t, s, chat, 4, g) for t, s, g in jobs]
+    for one, other in zip(together, alone, strict=True):
+        assert [m.text for m in one.episode.messages] == [m.text for m in other.messages]
+        assert one.episode.decision == other.decision
+    assert len({tuple(p.turns[0].completion_ids) for p in together}) > 1  # they did sample

@@ -699,20 +699,20 @@ def team_round(
     from rollwise.envs.team import setup
     from rollwise.envs.teamplay import round_metrics
     from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.team import ChatPolicy, TeamSettings, play_chat
+    from rollwise.rollout.team import ChatPolicy, TeamSettings, play_chats
 
     settings = settings or TeamSettings()
     t0 = time.perf_counter()
     chat = ChatPolicy(backend or HFBackend(model, tokenizer), tokenizer, max_new_tokens,
                       params.rollout.temperature)  # fmt: skip
-    plays, groups = [], []
+    jobs, groups = [], []
     for task in tasks:
         for c in conditions:
             dealt = setup(task, c, settings.k, seed=r, distractors=settings.distractors)
             for g in range(params.rollout.samples_per_task):
-                seed = params.train.seed * 100_000 + r * 1000 + g
-                plays.append(play_chat(task, dealt, chat, settings.budget, seed))
+                jobs.append((task, dealt, params.train.seed * 100_000 + r * 1000 + g))
                 groups.append(f"{task.task_id}/{c}")
+    plays = play_chats(jobs, chat, settings.budget)
     rollout_s = time.perf_counter() - t0
     cfg = params.credit
     weight = cfg.cosir.weight if cfg.method == "cosir" else 0.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +45,10 @@ class View:
     facts: frozenset[Fact]  # private facts (single, split)
     material: tuple[dict, ...]  # raw rows to read facts from (retrieval)
     channel: tuple[tuple[int, str], ...]  # (speaker, text) so far
+
+
+Request = tuple[View, str]  # a participant's view and its act: "speak" or "decide"
+Reply = str | int | None  # the message (None: pass) or the decision (None: no valid choice)
 
 
 class Policy(Protocol):
@@ -89,9 +94,10 @@ def view_of(ep: TeamEpisode, p: int) -> View:
     return View(p, p == ep.setup.decider, ep.task.brief, facts, material, channel)
 
 
-def play(task: TeamTask, setup: Setup, policy: Policy, budget: int, seed: int) -> TeamEpisode:
-    """One episode under `setup` with every participant playing `policy`."""
-    rng = random.Random(f"play/{task.task_id}/{setup.condition}/{seed}")
+def protocol(task: TeamTask, setup: Setup, budget: int) -> Generator[Request, Reply, TeamEpisode]:
+    """One episode's turns as requests: yields (view, "speak") and is sent the message text or
+    None, then yields (view, "decide") and is sent the choice; returns the episode. `play`
+    drives one with a Policy; rollout/team.py drives many at once, a batch per turn."""
     ep = TeamEpisode(task, setup)
     k = len(setup.holdings)
     order = [p for p in range(k) if p != setup.decider] + [setup.decider]
@@ -100,7 +106,7 @@ def play(task: TeamTask, setup: Setup, policy: Policy, budget: int, seed: int) -
         for p in order:
             if len(ep.messages) >= budget:
                 break
-            text = policy.speak(view_of(ep, p), rng)
+            text = yield view_of(ep, p), "speak"
             if text:
                 text = text[:MAX_CHARS]
                 said = frozenset(disclosed(text, task.facts))
@@ -109,8 +115,21 @@ def play(task: TeamTask, setup: Setup, policy: Policy, budget: int, seed: int) -
                 spoke = True
         if not spoke:
             break
-    ep.decision = policy.decide(view_of(ep, setup.decider), rng)
+    ep.decision = yield view_of(ep, setup.decider), "decide"
     return ep
+
+
+def play(task: TeamTask, setup: Setup, policy: Policy, budget: int, seed: int) -> TeamEpisode:
+    """One episode under `setup` with every participant playing `policy`."""
+    rng = random.Random(f"play/{task.task_id}/{setup.condition}/{seed}")
+    turns = protocol(task, setup, budget)
+    view, act = next(turns)
+    try:
+        while True:
+            reply = policy.speak(view, rng) if act == "speak" else policy.decide(view, rng)
+            view, act = turns.send(reply)
+    except StopIteration as done:
+        return done.value
 
 
 # Scripted policies: a participant's known facts are its private facts, or what it reads from

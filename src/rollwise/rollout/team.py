@@ -7,9 +7,10 @@ participant's messages are token-exact and can be credited and trained like epis
 The model's text is data: a message is shown to the others as written (cut to the protocol's
 size), a decision is the first candidate id in the reply; anything else is no decision.
 
-For training (loop.team_round): `play_chat` keeps each episode's own generations beside it, and
-`demo_sequences` writes a scripted teacher's episode (envs/teamplay.py Scripted) as the same
-prompts with the teacher's text as completions: the SFT warm start of a team policy."""
+For training (loop.team_round): `play_chats` plays many episodes, a batch per turn, each kept
+with its own generations; `demo_sequences` writes a scripted teacher's episode
+(envs/teamplay.py Scripted) as the same prompts with the teacher's text as completions: the SFT
+warm start of a team policy."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from rollwise.envs.team import Setup, TeamTask
-from rollwise.envs.teamplay import Policy, TeamEpisode, View, play
+from rollwise.envs.teamplay import Policy, Reply, Request, TeamEpisode, View, play, protocol
 from rollwise.policy.chat import encode, prompt_ids
 
 PASS = "PASS"
@@ -65,23 +66,43 @@ class ChatPolicy:
     greedy: bool = False
     turns: list[TeamTurn] = field(default_factory=list)
 
-    def generate(self, view: View, act: str, rng: random.Random) -> str:
-        ids = prompt_ids(self.tokenizer, view_messages(view, act), [])
-        (out,) = self.backend.generate([ids], self.max_new_tokens, temperature=self.temperature,
-                                       greedy=self.greedy, seed=rng.getrandbits(62))  # fmt: skip
-        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()
-        self.turns.append(TeamTurn(view.participant, act, ids, list(out.token_ids),
-                                   list(out.logprobs), text))  # fmt: skip
-        return text
+    batch_size: int = 32  # generations a forward pass (play_chats)
+
+    def replies(self, requests: list[Request], seeds: list[int]) -> list[TeamTurn]:
+        """One generation per (view, act), in batches; a seed per row, so a reply does not
+        depend on what else is in its batch."""
+        out = []
+        for k in range(0, len(requests), self.batch_size):
+            part = requests[k : k + self.batch_size]
+            prompts = [prompt_ids(self.tokenizer, view_messages(v, a), []) for v, a in part]
+            made = self.backend.generate(
+                prompts, self.max_new_tokens, temperature=self.temperature, greedy=self.greedy,
+                seed=seeds[k : k + len(part)],
+            )  # fmt: skip
+            for (view, act), ids, c in zip(part, prompts, made, strict=True):
+                text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True).strip()
+                out.append(TeamTurn(view.participant, act, ids, list(c.token_ids),
+                                    list(c.logprobs), text))  # fmt: skip
+        self.turns.extend(out)
+        return out
 
     def speak(self, view: View, rng: random.Random) -> str | None:
-        text = self.generate(view, "speak", rng)
-        return None if not text or text.upper().startswith(PASS) else text
+        (turn,) = self.replies([(view, "speak")], [rng.getrandbits(62)])
+        return reply_of(turn, view)
 
     def decide(self, view: View, rng: random.Random) -> int | None:
-        found = re.search(r"\d+", self.generate(view, "decide", rng))
-        choice = int(found.group()) if found else None
-        return choice if choice in view.brief.candidates else None
+        (turn,) = self.replies([(view, "decide")], [rng.getrandbits(62)])
+        return reply_of(turn, view)
+
+
+def reply_of(turn: TeamTurn, view: View) -> Reply:
+    """What the protocol takes from a generation: the message (a pass or nothing: None), or
+    the first candidate id in the reply (anything else: no decision)."""
+    if turn.act == "speak":
+        return None if not turn.text or turn.text.upper().startswith(PASS) else turn.text
+    found = re.search(r"\d+", turn.text)
+    choice = int(found.group()) if found else None
+    return choice if choice in view.brief.candidates else None
 
 
 @dataclass(frozen=True)
@@ -111,10 +132,27 @@ class TeamPlay:
         return out
 
 
-def play_chat(task: TeamTask, setup: Setup, chat: ChatPolicy, budget: int, seed: int) -> TeamPlay:
-    start = len(chat.turns)
-    episode = play(task, setup, chat, budget, seed)
-    return TeamPlay(episode, chat.turns[start:])
+def play_chats(jobs: list[tuple[TeamTask, Setup, int]], chat: ChatPolicy,
+               budget: int) -> list[TeamPlay]:  # fmt: skip
+    """Many (task, setup, seed) episodes at once: each turn, every unfinished episode's next
+    generation in one batch. Each episode draws its seeds as `play` would, so it is the episode
+    `play(task, setup, chat, budget, seed)` plays alone."""
+    runs = [protocol(task, dealt, budget) for task, dealt, _ in jobs]
+    rngs = [random.Random(f"play/{t.task_id}/{d.condition}/{seed}") for t, d, seed in jobs]
+    pending = {i: next(run) for i, run in enumerate(runs)}
+    turns: list[list[TeamTurn]] = [[] for _ in jobs]
+    episodes: list[TeamEpisode | None] = [None] * len(jobs)
+    while pending:
+        order = list(pending)
+        made = chat.replies([pending[i] for i in order], [rngs[i].getrandbits(62) for i in order])
+        for i, turn in zip(order, made, strict=True):
+            turns[i].append(turn)
+            try:
+                pending[i] = runs[i].send(reply_of(turn, pending[i][0]))
+            except StopIteration as done:
+                episodes[i] = done.value
+                del pending[i]
+    return [TeamPlay(e, t) for e, t in zip(episodes, turns, strict=True)]
 
 
 @dataclass
