@@ -28,6 +28,7 @@ from tasks.common import (
     envs_dir,
     log,
     model_dir,
+    read_history,
     read_suite,
     read_table,
     require,
@@ -48,6 +49,7 @@ def run(params: Params, root: Path, r: str) -> dict:
     if params.rollout.memory.skills != "none":  # reads the skill calls in the policy's turns
         from rollwise.policy.build import load_tokenizer
 
+        state.history = read_history(root, r)  # earlier rounds' failures: the repair pathway
         policy = params.rounds[r].rollout_round
         tokenizer = load_tokenizer(require(model_dir(root, policy), stage_of_model(policy)))
     done = loop.curate(params, suite, episodes, steps, state, int(r), tokenizer)

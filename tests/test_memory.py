@@ -78,13 +78,20 @@ def test_the_success_bank_induces_skills_and_marks_repairs(world):
     task = status_tasks(suite)[0]
     _, rows = run_calls(suite, task, task.oracle, eid="r02/win")
     banked = pd.DataFrame([{"task_id": task.task_id, "env_id": task.env_id,
-                            "episode_id": "r02/win",
+                            "episode_id": "r02/win", "round": 2,
                             "trajectory": json.dumps(trajectory(pd.DataFrame(rows)))}])  # fmt: skip
     history = pd.DataFrame({"episode_id": ["r01/lose", "r02/win"], "task_id": [task.task_id] * 2,
                             "round": [1, 2], "success": [False, True]})  # fmt: skip
     assert skill_bank.induced(banked, None, 2)["pathway"].tolist() == ["success"]
     table = skill_bank.induced(banked, history, 2)
     assert table["pathway"].tolist() == ["repair"] and table["status"].tolist() == ["active"]
+    # the scheduler's history (a row per group): a failed sample in round 1 makes it a repair,
+    # a failure only in the win's own round does not
+    groups = pd.DataFrame({"round": [1, 2], "task_id": [task.task_id] * 2, "samples": [4, 4],
+                           "successes": [1, 2]})  # fmt: skip
+    assert skill_bank.induced(banked, groups, 2)["pathway"].tolist() == ["repair"]
+    later = groups.assign(successes=[4, 2])
+    assert skill_bank.induced(banked, later, 2)["pathway"].tolist() == ["success"]
     assert skill_bank.skill_of(table.iloc[0].to_dict()).steps[0]["tool"] == task.oracle[0].name
     twice = pd.concat([table, table.assign(round=3)], ignore_index=True)  # one skill, two rows
     assert skill_bank.add(skill_bank.empty(), twice)["round"].tolist() == [2]
@@ -285,6 +292,7 @@ def test_the_curate_stage_writes_the_skill_bank_and_the_next_round_reads_it(worl
     """data/curated/round_NN/skill_bank.parquet: a DVC output per round, read back as the next
     round's state; the stage reads skill calls with the rollout policy's tokenizer."""
     from rollwise.config import rounds_dict, validate
+    from rollwise.schedule.history import extend, observe, to_state
     from tasks import curate
     from tasks.common import round_state
     from tasks.warmstart import initial_states
@@ -301,11 +309,17 @@ def test_the_curate_stage_writes_the_skill_bank_and_the_next_round_reads_it(worl
                               Limits(max_context=2048, max_new_tokens=96))  # fmt: skip
     rollouts = tmp_path / "data" / "rollouts" / "round_01"
     rollouts.mkdir(parents=True)
-    pd.DataFrame(eps).assign(round=1, policy_version=0).to_parquet(rollouts / "episodes.parquet")
+    episodes = pd.DataFrame(eps).assign(round=1, policy_version=0)
+    episodes.to_parquet(rollouts / "episodes.parquet")
     pd.DataFrame(steps).to_parquet(rollouts / "steps.parquet")
+    # the scheduler's history as rollout@01 writes it, with this task failed in an earlier round
+    failed = observe(episodes, 0).assign(successes=0)
+    state = to_state(extend(failed, observe(episodes, 1)))
+    (rollouts / "scheduler_state.json").write_text(json.dumps(state))
     params = validate({"rounds": rounds_dict(2), "rollout": {"memory": {"skills": "append"}}})
     metrics = curate.run(params, tmp_path, "01")
     written = pd.read_parquet(tmp_path / "data" / "curated" / "round_01" / "skill_bank.parquet")
     assert metrics["skills"] == len(written) == 1
+    assert written["pathway"].tolist() == ["repair"] and metrics["skills_repair"] == 1
     state = round_state(tmp_path, "01", "curate")
     assert state.skills["skill_id"].tolist() == written["skill_id"].tolist()

@@ -305,8 +305,8 @@ def curate(
         tables["positives"] = success_bank.positives(prior, tasks, cfg.replay_positives, r)
     metrics = curate_metrics(attributions, decisions, quarantined, bank, recheck_calls)
     if params.rollout.memory.skills != "none":
-        tables["skill_bank"], skill_metrics = skill_round(params, state.skills, bank, episodes,
-                                                          steps, r, tokenizer)  # fmt: skip
+        tables["skill_bank"], skill_metrics = skill_round(params, state, bank, episodes, steps, r,
+                                                          tokenizer)  # fmt: skip
         metrics |= skill_metrics
     tools = None
     if builds_tools(suite):  # admitted on fresh-input evidence, not on the episode's reward
@@ -318,18 +318,20 @@ def curate(
 
 
 def skill_round(
-    params: Params, skills: pd.DataFrame, bank: pd.DataFrame, episodes: pd.DataFrame,
+    params: Params, state: RoundState, bank: pd.DataFrame, episodes: pd.DataFrame,
     steps: pd.DataFrame, r: int, tokenizer,
 ) -> tuple[pd.DataFrame, dict]:  # fmt: skip
     """Round r's skill bank (the last one with this round's invocations as evidence, reviewed,
-    plus what the success bank induces) and its figures: size, statuses, calls, churn."""
+    plus what the success bank induces; a success of a task the scheduler's history saw fail
+    in an earlier round is a repair) and its figures: size, statuses, pathways, calls, churn."""
     from rollwise.memory.bank import invocations, update
 
     if tokenizer is None:
         raise ValueError("rollout.memory.skills: curate needs the rollout policy's tokenizer")
     calls = invocations(episodes, steps, tokenizer)
     current = int(episodes["policy_version"].max()) if len(episodes) else r - 1
-    new = update(skills, bank, None, calls, r, current, skill_config(params))
+    skills = state.skills
+    new = update(skills, bank, state.history, calls, r, current, skill_config(params))
     status = new["status"].value_counts()
     before = dict(zip(skills["skill_id"], skills["status"], strict=True))
     changed = sum(before.get(k) != v for k, v in zip(new["skill_id"], new["status"], strict=True))
@@ -338,6 +340,7 @@ def skill_round(
         "skills_active": int(status.get("active", 0)),
         "skills_retired": int(status.get("retired", 0)),
         "skills_churn": int(changed),  # added, or whose status moved
+        "skills_repair": int((new["pathway"] == "repair").sum()),
         "skill_calls": len(calls),
         **({"skill_call_success": float(calls["success"].mean())} if len(calls) else {}),
     }

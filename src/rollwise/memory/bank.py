@@ -51,17 +51,22 @@ def trajectory_calls(trajectory: str) -> list[tuple[ToolCall, str]]:
     return [(ToolCall(c["name"], c["arguments"]), c["observation"]) for t in turns for c in t]
 
 
-def repaired(episodes: pd.DataFrame) -> set[str]:
-    """Successful episodes of tasks that failed in an earlier round: the repaired failures."""
-    first_fail = episodes[~episodes["success"].astype(bool)].groupby("task_id")["round"].min()
-    wins = episodes[episodes["success"].astype(bool)]
-    later = wins["round"] > wins["task_id"].map(first_fail).fillna(float("inf"))
-    return set(wins.loc[later, "episode_id"])
+def repaired(success_bank: pd.DataFrame, history: pd.DataFrame) -> set[str]:
+    """Banked successes of tasks that failed in an earlier round: the repaired failures.
+    `history` is the scheduler's (a row per task group a round: samples, successes) or a row
+    per episode (success)."""
+    if "samples" in history:
+        failed = history[history["successes"] < history["samples"]]
+    else:
+        failed = history[~history["success"].astype(bool)]
+    first_fail = failed.groupby("task_id")["round"].min()
+    later = success_bank["round"] > success_bank["task_id"].map(first_fail).fillna(float("inf"))
+    return set(success_bank.loc[later, "episode_id"])
 
 
 def induced(success_bank: pd.DataFrame, history: pd.DataFrame | None, r: int) -> pd.DataFrame:
     """One skill per banked success (the same procedure twice: one row, the first)."""
-    fixes = repaired(history) if history is not None and len(history) else set()
+    fixes = repaired(success_bank, history) if history is not None and len(history) else set()
     rows = []
     for e in success_bank.to_dict("records"):
         calls = trajectory_calls(e["trajectory"])
