@@ -65,7 +65,6 @@ class ChatPolicy:
     temperature: float = 1.0
     greedy: bool = False
     turns: list[TeamTurn] = field(default_factory=list)
-
     batch_size: int = 32  # generations a forward pass (play_chats)
 
     def replies(self, requests: list[Request], seeds: list[int]) -> list[TeamTurn]:
@@ -95,11 +94,16 @@ class ChatPolicy:
         return reply_of(turn, view)
 
 
+def posts(turn: TeamTurn) -> bool:
+    """A speak turn that puts a message on the channel (not empty, not a pass)."""
+    return turn.act == "speak" and bool(turn.text) and not turn.text.upper().startswith(PASS)
+
+
 def reply_of(turn: TeamTurn, view: View) -> Reply:
     """What the protocol takes from a generation: the message (a pass or nothing: None), or
     the first candidate id in the reply (anything else: no decision)."""
     if turn.act == "speak":
-        return None if not turn.text or turn.text.upper().startswith(PASS) else turn.text
+        return turn.text if posts(turn) else None
     found = re.search(r"\d+", turn.text)
     choice = int(found.group()) if found else None
     return choice if choice in view.brief.candidates else None
@@ -126,9 +130,8 @@ class TeamPlay:
         posts nothing), in order; None for a pass or the decision."""
         out, k = [], 0
         for t in self.turns:
-            speaks = t.act == "speak" and t.text and not t.text.upper().startswith(PASS)
-            out.append(k if speaks and k < len(self.episode.messages) else None)
-            k += bool(speaks)
+            out.append(k if posts(t) and k < len(self.episode.messages) else None)
+            k += posts(t)
         return out
 
 
