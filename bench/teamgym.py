@@ -24,7 +24,7 @@ retrieval (the conditions where telling matters), with its paired standard error
     python bench/teamgym.py [--worlds 4] [--tasks 50] [--out bench/results/teamgym.json]
     python bench/teamgym.py --model FOLDER [--model-tasks 16] [--temperature 0.7] [--threads 1]
     python bench/teamgym.py --model FOLDER --train [--warm-steps 20] [--rounds 4] \
-        [--train-tasks 8] [--eval-tasks 12] [--cosir-weight 1.0] [key=value ...]
+        [--train-tasks 8] [--eval-tasks 12] [--demo-tasks 40] [--cosir-weight 1.0] [key=value ...]
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ def trained_arms(train_tasks: list, eval_tasks: list, args) -> dict:
                       "warmstart.seed": args.seed, **parse_overrides(args.overrides)})  # fmt: skip
     model, tok = load_policy(args.model)
     teacher, t0 = POLICIES["share_all"], time.perf_counter()
-    demos = [seq for t in train_tasks for c in CONDITIONS
+    demo_tasks = random.Random(f"teamgym/demos/{args.seed}").sample(
+        train_tasks, min(args.demo_tasks, len(train_tasks)))  # fmt: skip
+    demos = [seq for t in demo_tasks for c in CONDITIONS
              for seq in demo_sequences(tok, t, setup(t, c, args.k, seed=0,
                                                      distractors=args.distractors),
                                        teacher, args.budget, seed=0)]  # fmt: skip
@@ -208,6 +210,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--train", action="store_true", help="the trained comparison (needs --model)")
     ap.add_argument("--warm-steps", type=int, default=20, help="SFT steps on share_all demos")
+    ap.add_argument("--demo-tasks", type=int, default=40, help="train tasks share_all demos")
     ap.add_argument("--rounds", type=int, default=4, help="RL rounds per arm")
     ap.add_argument("--train-tasks", type=int, default=8, help="train tasks a round")
     ap.add_argument("--eval-tasks", type=int, default=12, help="held-out tasks (new worlds)")
@@ -217,6 +220,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.train and not args.model:
         ap.error("--train needs --model FOLDER (the policy to train)")
+    if not args.model:
+        args.model_tasks = 0
     t0 = time.perf_counter()
     tasks = [t for d in DOMAINS for w in range(args.worlds)
              for t in make_tasks(d, w, args.tasks, args.candidates, args.conditions)]  # fmt: skip
@@ -238,7 +243,7 @@ def main() -> None:
         "pivotal_facts_mean": sum(pivotal) / len(pivotal),
         "pivotal_verified_by_ablation": len(tasks),  # make_tasks raises on any failure
         "policies": {name: run_policy(tasks, p, args) for name, p in POLICIES.items()},
-        "model": model_arm(tasks[: args.model_tasks], args) if args.model else None,
+        "model": model_arm(tasks[: args.model_tasks], args) if args.model_tasks else None,
         "trained": trained_arms(tasks, held_out, args) if args.train else None,
         "cosir_minus_outcome_pts": None,
         "wall_s": round(time.perf_counter() - t0, 1),
