@@ -138,7 +138,7 @@ def trained_arms(train_tasks: list, eval_tasks: list, args) -> dict:
 
     import torch
 
-    from bench.common import bench_params
+    from bench.common import arm_params, bench_params
     from rollwise import loop
     from rollwise.config import parse_overrides
     from rollwise.policy.build import load_policy
@@ -167,9 +167,8 @@ def trained_arms(train_tasks: list, eval_tasks: list, args) -> dict:
     plan = [rng.sample(train_tasks, args.train_tasks) for _ in range(args.rounds)]
     finals = {}
     for arm, method in (("outcome", "grpo"), ("cosir", "cosir")):
-        pa = bench_params({**TEAM_RECIPE, "train.seed": args.seed, "credit.method": method,
-                           "credit.cosir.weight": args.cosir_weight,
-                           **parse_overrides(args.overrides)})  # fmt: skip
+        pa = arm_params(p, {"credit.method": method, "credit.cosir.weight": args.cosir_weight,
+                            **parse_overrides(args.overrides)})  # fmt: skip
         model.load_state_dict(warm)
         trainer, rounds, t1 = None, [], time.perf_counter()
         for r, tasks in enumerate(plan, start=1):

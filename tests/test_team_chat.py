@@ -57,16 +57,7 @@ def test_a_chat_team_discloses_decides_and_keeps_every_turn_token_exact():
     (task,) = make_tasks("shop", 0, 1)
     tok = train_tokenizer(corpus([task]))
     right = task.decision
-
-    def reply(prompt: str) -> str:
-        if "Reply with the id" in prompt:
-            return f"the answer is {right}"
-        mine = [f for f in task.pivotal if f.phrase in prompt.split("Channel so far")[0]]
-        heard = prompt.split("Channel so far")[1]
-        fresh = [f.phrase for f in mine if f.phrase not in heard]
-        return fresh[0] if fresh else "PASS"
-
-    chat = ChatPolicy(Writes(tok, reply), tok)
+    chat = ChatPolicy(Writes(tok, teller(task)), tok)
     s = setup(task, "split", 3, seed=0)
     ep = play(task, s, chat, budget=8, seed=0)
     assert ep.success and ep.decision == right
