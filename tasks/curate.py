@@ -12,6 +12,8 @@ Writes:
   positives.parquet     banked successes of this round's tasks as episodes (replay_positives>0)
   skill_bank.parquet    with rollout.memory.skills: the skill bank (memory/bank.py), the next
                         rollout offers its skills
+  meta_updates.parquet  with rollout.memory.meta_tasks: the meta-agent's updates tried, each
+                        with its validation before and after and whether it was kept
   tool_pool.json        a tool-building suite's (SMITH) pool: round NN-1's with this round's
                         admitted builds (envs/tool_pool.py); the next rollout calls it
 """
@@ -45,14 +47,19 @@ def run(params: Params, root: Path, r: str) -> dict:
     steps = read_table(rollouts / "steps.parquet", f"rollout@{r}")
     suite = read_suite(require(envs_dir(root), "generate"))
     state = round_state(root, params.rounds[r].start, "curate")
-    tokenizer = None
+    tokenizer, backend = None, None
     if params.rollout.memory.skills != "none":  # reads the skill calls in the policy's turns
-        from rollwise.policy.build import load_tokenizer
+        from rollwise.policy.build import load_policy, load_tokenizer
 
         state.history = read_history(root, r)  # earlier rounds' failures: the repair pathway
         policy = params.rounds[r].rollout_round
-        tokenizer = load_tokenizer(require(model_dir(root, policy), stage_of_model(policy)))
-    done = loop.curate(params, suite, episodes, steps, state, int(r), tokenizer)
+        folder = require(model_dir(root, policy), stage_of_model(policy))
+        tokenizer = load_tokenizer(folder)
+        if params.rollout.memory.meta_tasks:  # the meta-agent validates with the round's policy
+            from rollwise.policy.hf import HFBackend
+
+            backend = HFBackend(*load_policy(folder))
+    done = loop.curate(params, suite, episodes, steps, state, int(r), tokenizer, backend)
     with atomic_dir(round_dir(root, "curated", r)) as out:
         for name, table in done.tables.items():
             table.to_parquet(out / f"{name}.parquet")

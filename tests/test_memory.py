@@ -323,3 +323,102 @@ def test_the_curate_stage_writes_the_skill_bank_and_the_next_round_reads_it(worl
     assert written["pathway"].tolist() == ["repair"] and metrics["skills_repair"] == 1
     state = round_state(tmp_path, "01", "curate")
     assert state.skills["skill_id"].tolist() == written["skill_id"].tolist()
+
+
+def test_the_meta_agent_runs_in_the_round_gated_by_the_rounds_policy(world):
+    """rollout.memory.meta_tasks: curate localizes round 2's failure (its skill call did not
+    run clean: a stale skill), proposes retiring the skill, and keeps that only if the round's
+    policy solves more held-aside train tasks without it. A policy that succeeds only where the
+    skill is offered rejects the retirement; one the skill misleads keeps it. Scripted policies
+    stand in for the model (the gate reads any backend's greedy success). A demotion only
+    reorders what is offered (bank.exposed), so it can change validation only past per_env."""
+    from rollwise.config import ParamsError, validate
+    from rollwise.loop import RoundState, curate, remembering
+
+    suite, tok = world
+    task = status_tasks(suite)[0]
+    params = validate({"rollout": {"memory": {"skills": "managed", "meta_tasks": 64}}})
+    limits = Limits(max_context=2048, max_new_tokens=96)
+
+    def episode(env, script, eid: str, r: int):
+        spec = EpisodeSpec(eid, task, env, task.task_id)
+        eps, steps = run_episodes([spec], ScriptBackend(tok, lambda _: script), tok, limits)
+        return pd.DataFrame(eps).assign(round=r, policy_version=r - 1), pd.DataFrame(steps)
+
+    oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
+    episodes, steps = episode(clone_env(suite.envs[task.env_id]), oracle, "r01/a", 1)
+    plain = validate({"rollout": {"memory": {"skills": "managed"}}})  # round 1: no meta-agent
+    bank = curate(plain, suite, episodes, steps, RoundState(), 1, tok).tables["skill_bank"]
+    name = bank["name"].iloc[0]
+    env = remembering(params, bank)(clone_env(suite.envs[task.env_id]), task.env_id)
+    example = json.loads(bank["example"].iloc[0])
+    wrong = {k: "no such thing" for k in example}  # its first step finds nothing
+    script = [action_text([ToolCall(name, wrong)]), action_text(answer="unknown")]
+    episodes, steps = episode(env, script, "r02/a", 2)
+    turns = {t.prompt: [action_text([c]) for c in t.oracle] + [action_text(answer=t.answer)]
+             for t in suite.split("train")}  # fmt: skip
+
+    def policy(solves_with_skill: bool) -> ScriptBackend:
+        def script(text: str) -> list[str]:
+            oracle = next(v for k, v in turns.items() if f"user\n{k}<|im_end|>" in text)
+            offered = f'"{name}"' in text or f"{name}(" in text
+            return oracle if offered == solves_with_skill else [action_text(answer="unknown")]
+
+        return ScriptBackend(tok, script)
+
+    state = RoundState(skills=bank)
+    leaning = curate(params, suite, episodes, steps, state, 2, tok, policy(True))
+    log = leaning.tables["meta_updates"]
+    assert log[["action", "cause", "kept"]].values.tolist() == [["retire", "stale_skill", False]]
+    assert log["before"][0] > log["after"][0]
+    assert leaning.metrics["meta_stale_skill"] == 1 and leaning.metrics["meta_kept"] == 0
+    assert leaning.tables["skill_bank"]["status"].tolist() == ["active"]
+    misled = curate(params, suite, episodes, steps, state, 2, tok, policy(False))
+    log = misled.tables["meta_updates"]
+    assert log["kept"].tolist() == [True] and log["after"][0] > log["before"][0]
+    assert misled.tables["skill_bank"]["status"].tolist() == ["retired"]
+    assert misled.metrics["meta_validation"] == log["after"][0]
+
+    with pytest.raises(ValueError, match="meta_tasks: curate needs the round's policy"):
+        curate(params, suite, episodes, steps, state, 2, tok)
+    with pytest.raises(ParamsError, match="rollout.memory.meta_tasks: 4 needs rollout.memory"):
+        validate({"rollout": {"memory": {"skills": "append", "meta_tasks": 4}}})
+
+
+def test_the_curate_stage_runs_the_meta_agent_with_the_rounds_policy(world, tmp_path):
+    """With rollout.memory.meta_tasks the stage loads the round's policy (models/round_NN) for
+    the gate and writes meta_updates.parquet. Here the failure's task has a banked success whose
+    skill the bank already induced this round, so nothing is proposed and nothing validated."""
+    from rollwise.config import rounds_dict, validate
+    from rollwise.policy.build import build_model, save_policy
+    from rollwise.schedule.history import observe, to_state
+    from tasks import curate
+    from tasks.warmstart import initial_states
+    from tests.helpers import TINY_POLICY, make_suite
+
+    suite, tok = world
+    task = status_tasks(suite)[0]
+    make_suite(tmp_path / "data" / "envs")
+    initial_states(tmp_path)
+    save_policy(build_model(tok, TINY_POLICY), tok, tmp_path / "models" / "round_00")
+    oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
+    scripts = {"r01/a": oracle, "r01/b": [action_text(answer="unknown")]}
+    specs = [EpisodeSpec(e, task, clone_env(suite.envs[task.env_id]), task.task_id)
+             for e in scripts]  # fmt: skip
+    eps, steps = [], []
+    for spec in specs:
+        e, s = run_episodes([spec], ScriptBackend(tok, lambda _, x=scripts[spec.episode_id]: x),
+                            tok, Limits(max_context=2048, max_new_tokens=96))  # fmt: skip
+        eps, steps = eps + e, steps + s
+    rollouts = tmp_path / "data" / "rollouts" / "round_01"
+    rollouts.mkdir(parents=True)
+    episodes = pd.DataFrame(eps).assign(round=1, policy_version=0)
+    episodes.to_parquet(rollouts / "episodes.parquet")
+    pd.DataFrame(steps).to_parquet(rollouts / "steps.parquet")
+    (rollouts / "scheduler_state.json").write_text(json.dumps(to_state(observe(episodes, 1))))
+    params = validate({"rounds": rounds_dict(2),
+                       "rollout": {"memory": {"skills": "managed", "meta_tasks": 2}}})  # fmt: skip
+    metrics = curate.run(params, tmp_path, "01")
+    log = pd.read_parquet(tmp_path / "data" / "curated" / "round_01" / "meta_updates.parquet")
+    assert list(log.columns) == meta.GATE_COLUMNS and len(log) == 0
+    assert (metrics["meta_missing_skill"], metrics["meta_tried"], metrics["skills"]) == (1, 0, 1)

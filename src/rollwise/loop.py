@@ -280,11 +280,11 @@ class Curated:
 
 def curate(
     params: Params, suite: Suite, episodes: pd.DataFrame, steps: pd.DataFrame,
-    state: RoundState, r: int, tokenizer=None,
+    state: RoundState, r: int, tokenizer=None, backend=None,
 ) -> Curated:  # fmt: skip
     """Which of round r's episodes may teach, the next quarantine list and the success bank; with
     rollout.memory.skills, the skill bank too (`tokenizer` reads the skill calls in the
-    policy's turns)."""
+    policy's turns; `backend`, the round's policy, validates the meta-agent's updates)."""
     from rollwise.curate import success_bank
     from rollwise.curate.attribution import attribute
     from rollwise.curate.filters import decide, quarantine
@@ -305,8 +305,16 @@ def curate(
         tables["positives"] = success_bank.positives(prior, tasks, cfg.replay_positives, r)
     metrics = curate_metrics(attributions, decisions, quarantined, bank, recheck_calls)
     if params.rollout.memory.skills != "none":
-        tables["skill_bank"], skill_metrics = skill_round(params, state, bank, episodes, steps, r,
-                                                          tokenizer)  # fmt: skip
+        validate = None
+        if params.rollout.memory.meta_tasks:
+            if backend is None:
+                raise ValueError("rollout.memory.meta_tasks: curate needs the round's policy")
+            validate = meta_validator(params, suite, backend, tokenizer, set(episodes["task_id"]))
+        skills, skill_metrics, log = skill_round(params, state, bank, episodes, steps, r,
+                                                 tokenizer, validate)  # fmt: skip
+        tables["skill_bank"] = skills
+        if log is not None:
+            tables["meta_updates"] = log
         metrics |= skill_metrics
     tools = None
     if builds_tools(suite):  # admitted on fresh-input evidence, not on the episode's reward
@@ -319,11 +327,14 @@ def curate(
 
 def skill_round(
     params: Params, state: RoundState, bank: pd.DataFrame, episodes: pd.DataFrame,
-    steps: pd.DataFrame, r: int, tokenizer,
-) -> tuple[pd.DataFrame, dict]:  # fmt: skip
+    steps: pd.DataFrame, r: int, tokenizer, validate: Callable | None = None,
+) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:  # fmt: skip
     """Round r's skill bank (the last one with this round's invocations as evidence, reviewed,
     plus what the success bank induces; a success of a task the scheduler's history saw fail
-    in an earlier round is a repair) and its figures: size, statuses, pathways, calls, churn."""
+    in an earlier round is a repair), its figures (size, statuses, pathways, calls, churn)
+    and, with `validate` (bank -> held-aside success), the meta-agent's gate log: each failed
+    episode localized, its local update tried, kept only if validation rises."""
+    from rollwise.memory import meta
     from rollwise.memory.bank import invocations, update
 
     if tokenizer is None:
@@ -332,10 +343,23 @@ def skill_round(
     current = int(episodes["policy_version"].max()) if len(episodes) else r - 1
     skills = state.skills
     new = update(skills, bank, state.history, calls, r, current, skill_config(params))
+    log, meta_metrics = None, {}
+    if validate is not None:
+        diagnoses = meta.localize(episodes, steps, calls)
+        tried = meta.propose(diagnoses, new, bank, r)[: params.rollout.memory.meta_max_updates]
+        log = pd.DataFrame(columns=meta.GATE_COLUMNS)  # no update: no validation to pay for
+        new, log = meta.gate(new, tried, validate) if tried else (new, log)
+        causes = diagnoses["cause"].value_counts()
+        meta_metrics = {**{f"meta_{c}": int(causes.get(c, 0)) for c in meta.CAUSES},
+                        "meta_tried": len(log), "meta_kept": int(log["kept"].sum())}  # fmt: skip
+        if len(log):  # the validation success of the bank the gate kept
+            kept = log.loc[log["kept"], "after"]
+            best = kept.iloc[-1] if len(kept) else log["before"][0]
+            meta_metrics["meta_validation"] = float(best)
     status = new["status"].value_counts()
     before = dict(zip(skills["skill_id"], skills["status"], strict=True))
     changed = sum(before.get(k) != v for k, v in zip(new["skill_id"], new["status"], strict=True))
-    return new, {
+    metrics = {
         "skills": int(len(new) - status.get("retired", 0)),
         "skills_active": int(status.get("active", 0)),
         "skills_retired": int(status.get("retired", 0)),
@@ -344,6 +368,30 @@ def skill_round(
         "skill_calls": len(calls),
         **({"skill_call_success": float(calls["success"].mean())} if len(calls) else {}),
     }
+    return new, metrics | meta_metrics, log
+
+
+def meta_validator(
+    params: Params, suite: Suite, backend, tokenizer, busy: set[str]
+) -> Callable[[pd.DataFrame], float]:
+    """bank -> greedy success of `backend` (the round's policy) on rollout.memory.meta_tasks
+    train tasks none of which the round ran (`busy`), each with the bank's skills offered as a
+    rollout would offer them: the meta-agent's held-aside validation batch."""
+    from rollwise.evaluate.full import evaluate_policy, evaluation_tasks
+
+    aside = [t for t in evaluation_tasks(suite, "train", len(suite.split("train")))
+             if t.task_id not in busy][: params.rollout.memory.meta_tasks]  # fmt: skip
+    if not aside:
+        raise ValueError("rollout.memory.meta_tasks: every train task ran this round; none is "
+                         "left to validate the meta-agent's updates on")  # fmt: skip
+    limits = greedy_limits(params)
+
+    def validate(bank: pd.DataFrame) -> float:
+        episodes = evaluate_policy(backend, tokenizer, suite, aside, limits,
+                                   remembering(params, bank))  # fmt: skip
+        return float(episodes["success"].mean())
+
+    return validate
 
 
 def curate_metrics(attributions, decisions, quarantined, bank, recheck_calls: int) -> dict:
@@ -557,7 +605,12 @@ def run_round(
                                   params.rollout, load=lambda: (model, tokenizer))  # fmt: skip
 
     ro = rollout(params, suite, r, state, run, tokenizer)
-    cu = curate(params, suite, ro.episodes, ro.steps, state, r, tokenizer)
+    backend = None
+    if params.rollout.memory.meta_tasks:
+        from rollwise.policy.hf import HFBackend
+
+        backend = HFBackend(model, tokenizer)
+    cu = curate(params, suite, ro.episodes, ro.steps, state, r, tokenizer, backend)
     batch = kept_episodes(ro.episodes, cu.decisions, cu.positives)
     steps = with_positive_steps(ro.steps, cu.positives)
     cr = credit(params, batch, steps, cu.decisions, state, tokenizer)

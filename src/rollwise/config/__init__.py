@@ -149,6 +149,17 @@ class Params(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def meta_needs_managed_skills(self) -> Params:
+        """The meta-agent retires and demotes skills: an append-only bank never does."""
+        m = self.rollout.memory
+        if m.meta_tasks and m.skills != "managed":
+            raise ValueError(
+                f"rollout.memory.meta_tasks: {m.meta_tasks} needs rollout.memory.skills: "
+                f"managed (it is {m.skills!r}): the meta-agent updates a managed skill bank"
+            )
+        return self
+
     @property
     def n_rounds(self) -> int:
         return len(self.rounds)

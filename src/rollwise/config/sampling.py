@@ -317,6 +317,17 @@ class MemoryConfig(Section):
         "the recorded steps, after each turn's observations.",
     )
     per_env: int = Field(4, ge=1, description="Skills offered per environment, active first.")
+    meta_tasks: int = Field(
+        0,
+        ge=0,
+        description="The meta-agent (memory/meta.py, Recuris): each round it localizes the "
+        "failed episodes, proposes local updates to the skill bank and keeps one only if the "
+        "round's policy, greedy, solves more of this many held-aside train tasks (none of the "
+        "round's own) with it. 0: off. Needs skills: managed.",
+    )
+    meta_max_updates: int = Field(
+        4, ge=1, description="Updates the meta-agent tries a round (each costs one validation)."
+    )
 
 
 class RolloutConfig(Section):
