@@ -11,7 +11,8 @@ progress note's cost).
 
 RL half (`--rl`): from one warm start per seed (bench/learning.py's recipe), `--rounds` rounds
 in each arm at equal rollouts, the arm's memory on in the round (rollout.memory: none, working,
-skills managed, both, and append, the never-pruned bank); then greedy held-out success by
+skills managed, both, append, the never-pruned bank, and meta, the managed bank with the
+meta-agent gating its updates each round); then greedy held-out success by
 horizon (the oracle's call count), each arm with its own memory and bank. Per round: the bank's
 size, churn, skill calls and their success share. `memory_minus_none_pts_longest`: the best
 memory arm minus none on the longest tasks (target >= +10); `skillforge_minus_append_only_pts`:
@@ -19,7 +20,7 @@ skills minus append over all held-out tasks. Without `--rl` they are null.
 
     .venv/bin/python bench/memory.py [--horizons 1 2 3 4 5] [--out bench/results/memory.json]
     .venv/bin/python bench/memory.py --rl [key=value ...] [--recipe smollm2|tiny] [--seeds 0] \
-        [--rounds 4] [--eval-tasks 64] [--cache DIR]
+        [--rounds 4] [--eval-tasks 64] [--arms none working skills both append meta] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -52,9 +53,16 @@ from rollwise.types import ToolCall  # noqa: E402
 
 ARMS = {"none": (False, False), "working": (False, True), "skills": (True, False),
         "both": (True, True)}  # fmt: skip
-# The RL arms as rollout.memory settings (skills, working); append: SkillForge's comparison.
-RL_ARMS = {"none": ("none", False), "working": ("none", True), "skills": ("managed", False),
-           "both": ("managed", True), "append": ("append", False)}  # fmt: skip
+# The RL arms as rollout.memory settings; append: SkillForge's comparison; meta: the managed bank
+# with the meta-agent's validation-gated updates in every round (8 held-aside tasks a gate).
+RL_ARMS = {
+    "none": {"skills": "none", "working": False},
+    "working": {"skills": "none", "working": True},
+    "skills": {"skills": "managed", "working": False},
+    "both": {"skills": "managed", "working": True},
+    "append": {"skills": "append", "working": False},
+    "meta": {"skills": "managed", "working": False, "meta_tasks": 8},
+}
 ENVS = EnvsConfig(seed=0, n_envs=4, tasks_per_env=60, owners_per_env=6, max_records=3,
                   heldout_envs=0)  # fmt: skip
 
@@ -135,9 +143,9 @@ def after_rl(args) -> dict:
     for seed in args.seeds:
         base = arm_params(p, {**seeded(seed), "warmstart.seed": seed, "rounds": args.rounds})
         folder = warm_start_folder(base, suite, args.cache)
-        for arm, (skills, working) in RL_ARMS.items():
-            cfg = arm_params(base, {"rollout.memory.skills": skills,
-                                    "rollout.memory.working": working})  # fmt: skip
+        for arm in args.arms:
+            memory = {f"rollout.memory.{k}": v for k, v in RL_ARMS[arm].items()}
+            cfg = arm_params(base, memory)
             runs.append(
                 {"seed": seed, "arm": arm, **rl_arm(cfg, folder, suite, tasks, args.rounds)}
             )
@@ -158,8 +166,8 @@ def rl_arm(cfg, folder: Path, suite, tasks: list, n_rounds: int) -> dict:
 
     def on_round(r: int, done: loop.Round) -> None:
         m, sampled = done.curated.metrics, done.rollout.metrics["success_rate"]
-        rounds.append({"round": r, "sample_success": sampled,
-                       **{k: v for k, v in m.items() if k.startswith("skill")}})  # fmt: skip
+        memory = {k: v for k, v in m.items() if k.startswith(("skill", "meta_"))}
+        rounds.append({"round": r, "sample_success": sampled, **memory})
         print(json.dumps(rounds[-1]), flush=True)
 
     model, state = loop.run_rounds(cfg, suite, model, tok, n_rounds, on_round=on_round)
@@ -211,6 +219,8 @@ def main() -> None:
     ap.add_argument("--recipe", default="smollm2", help="bench/learning.py's RECIPES")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--arms", nargs="+", choices=list(RL_ARMS), default=list(RL_ARMS),
+                    help="--rl: the arms to train (each a run of --rounds)")  # fmt: skip
     ap.add_argument("--eval-tasks", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=ROOT / ".rollwise" / "bench" / "memory")

@@ -24,6 +24,7 @@ def test_rl_half_at_toy_size(tmp_path, monkeypatch):
     assert all(len(r["rounds"]) == 1 for r in runs)
     assert all("skills" in r["rounds"][0] for r in runs if r["arm"] in ("skills", "both", "append"))
     assert all("skills" not in r["rounds"][0] for r in runs if r["arm"] in ("none", "working"))
+    assert all(("meta_tried" in r["rounds"][0]) == (r["arm"] == "meta") for r in runs)
     assert set(result["after_rl"]) == set(memory.RL_ARMS)
     by = {r["arm"]: r for r in runs}
     assert result["skillforge_minus_append_only_pts"] == round(
