@@ -162,6 +162,7 @@ def trained_arms(train_tasks: list, eval_tasks: list, args) -> dict:
     out = {"warm_start": {"demos": len(demos), "steps": len(losses),
                           "loss_first_last": [losses[0], losses[-1]] if losses else None,
                           "wall_s": round(time.perf_counter() - t0, 1), **start}}  # fmt: skip
+    print(json.dumps({"warm_start": out["warm_start"]}), flush=True)  # a killed run keeps it
     settings = TeamSettings(args.k, args.budget, args.distractors)
     rng = random.Random(f"teamgym/train/{args.seed}")
     plan = [rng.sample(train_tasks, args.train_tasks) for _ in range(args.rounds)]
@@ -182,6 +183,7 @@ def trained_arms(train_tasks: list, eval_tasks: list, args) -> dict:
         out[arm] = {"rounds": rounds, "after": after, "wall_s": round(time.perf_counter() - t1, 1),
                     "gain_pts": {c: gap(after["success_pct"][c], start["success_pct"][c])
                                  for c in CONDITIONS}}  # fmt: skip
+        print(json.dumps({arm: {k: v for k, v in out[arm].items() if k != "rounds"}}), flush=True)
     keys = [k for k in start_ok if k.rsplit("/", 1)[1] in TRAINED_CONDITIONS]
     out["cosir_minus_outcome_pts"] = 100 * sum(finals["cosir"][k] - finals["outcome"][k]
                                                for k in keys) / len(keys)  # fmt: skip
