@@ -53,6 +53,15 @@ def run_calls(suite, task, calls, seed: int = 0, eid: str = "e0"):
     return pairs, rows
 
 
+def scripted_episode(tok, task, env, script: list[str], eid: str, r: int):
+    """(episodes, steps) of one episode of `task` in `env` whose turns are `script`, as round
+    r's rollout (by policy version r-1) would have written them."""
+    spec = EpisodeSpec(eid, task, env, task.task_id)
+    limits = Limits(max_context=2048, max_new_tokens=96)
+    eps, steps = run_episodes([spec], ScriptBackend(tok, lambda _: script), tok, limits)
+    return pd.DataFrame(eps).assign(round=r, policy_version=r - 1), pd.DataFrame(steps)
+
+
 def test_induction_from_a_hand_made_success(world):
     suite, _ = world
     task = status_tasks(suite)[0]
@@ -255,12 +264,9 @@ def test_the_round_carries_the_skill_bank_from_curate_to_the_next_rollout(world)
     suite, tok = world
     task = status_tasks(suite)[0]
     params = validate({"rollout": {"memory": {"skills": "managed", "working": True}}})
-    limits = Limits(max_context=2048, max_new_tokens=96)
 
     def episode(env, script, eid: str, r: int):
-        spec = EpisodeSpec(eid, task, env, task.task_id)
-        eps, steps = run_episodes([spec], ScriptBackend(tok, lambda _: script), tok, limits)
-        return pd.DataFrame(eps).assign(round=r, policy_version=r - 1), pd.DataFrame(steps)
+        return scripted_episode(tok, task, env, script, eid, r)
 
     oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
     episodes, steps = episode(clone_env(suite.envs[task.env_id]), oracle, "r01/a", 1)
@@ -338,12 +344,9 @@ def test_the_meta_agent_runs_in_the_round_gated_by_the_rounds_policy(world):
     suite, tok = world
     task = status_tasks(suite)[0]
     params = validate({"rollout": {"memory": {"skills": "managed", "meta_tasks": 64}}})
-    limits = Limits(max_context=2048, max_new_tokens=96)
 
     def episode(env, script, eid: str, r: int):
-        spec = EpisodeSpec(eid, task, env, task.task_id)
-        eps, steps = run_episodes([spec], ScriptBackend(tok, lambda _: script), tok, limits)
-        return pd.DataFrame(eps).assign(round=r, policy_version=r - 1), pd.DataFrame(steps)
+        return scripted_episode(tok, task, env, script, eid, r)
 
     oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
     episodes, steps = episode(clone_env(suite.envs[task.env_id]), oracle, "r01/a", 1)
@@ -403,18 +406,13 @@ def test_the_curate_stage_runs_the_meta_agent_with_the_rounds_policy(world, tmp_
     save_policy(build_model(tok, TINY_POLICY), tok, tmp_path / "models" / "round_00")
     oracle = [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
     scripts = {"r01/a": oracle, "r01/b": [action_text(answer="unknown")]}
-    specs = [EpisodeSpec(e, task, clone_env(suite.envs[task.env_id]), task.task_id)
-             for e in scripts]  # fmt: skip
-    eps, steps = [], []
-    for spec in specs:
-        e, s = run_episodes([spec], ScriptBackend(tok, lambda _, x=scripts[spec.episode_id]: x),
-                            tok, Limits(max_context=2048, max_new_tokens=96))  # fmt: skip
-        eps, steps = eps + e, steps + s
+    runs = [scripted_episode(tok, task, clone_env(suite.envs[task.env_id]), x, e, 1)
+            for e, x in scripts.items()]  # fmt: skip
     rollouts = tmp_path / "data" / "rollouts" / "round_01"
     rollouts.mkdir(parents=True)
-    episodes = pd.DataFrame(eps).assign(round=1, policy_version=0)
+    episodes = pd.concat([e for e, _ in runs], ignore_index=True)
     episodes.to_parquet(rollouts / "episodes.parquet")
-    pd.DataFrame(steps).to_parquet(rollouts / "steps.parquet")
+    pd.concat([s for _, s in runs], ignore_index=True).to_parquet(rollouts / "steps.parquet")
     (rollouts / "scheduler_state.json").write_text(json.dumps(to_state(observe(episodes, 1))))
     params = validate({"rounds": rounds_dict(2),
                        "rollout": {"memory": {"skills": "managed", "meta_tasks": 2}}})  # fmt: skip
