@@ -44,10 +44,11 @@ from bench.provenance import STARTED_AT  # noqa: E402
 from rollwise.config import EnvsConfig  # noqa: E402
 from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
+from rollwise.evaluate.full import evaluate_policy  # noqa: E402
 from rollwise.memory import bank, wrap  # noqa: E402
 from rollwise.memory.skills import SkillConfig, induce  # noqa: E402
 from rollwise.policy.chat import action_text  # noqa: E402
-from rollwise.rollout.engine import EpisodeSpec, Limits, clone_env, run_episodes  # noqa: E402
+from rollwise.rollout.engine import Limits, clone_env  # noqa: E402
 from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
 from rollwise.types import ToolCall  # noqa: E402
 
@@ -102,11 +103,9 @@ def coverage(suite, tasks, table, cfg) -> float:
 def run_arm(suite, tok, tasks, table, skills: bool, working: bool, horizon: int, cfg) -> dict:
     exposed = {e: bank.exposed(table, e, cfg) if skills else [] for e in suite.envs}
     scripts = {t.prompt: script(suite, t, exposed[t.env_id]) for t in tasks}
-    specs = [EpisodeSpec(t.task_id, t, wrap(clone_env(suite.envs[t.env_id]), exposed[t.env_id],
-                                            working), t.task_id) for t in tasks]  # fmt: skip
     limits = Limits(max_turns=horizon, max_new_tokens=160, max_context=8192, greedy=True)
-    episodes, _ = run_episodes(specs, ScriptedBackend(tok, scripts), tok, limits)
-    frame = pd.DataFrame(episodes)
+    frame = evaluate_policy(ScriptedBackend(tok, scripts), tok, suite, tasks, limits,
+                            lambda env, env_id: wrap(env, exposed[env_id], working))  # fmt: skip
     return {"success": round(100 * float(frame["success"].mean()), 1),
             "tool_calls": round(float(frame["tool_calls"].mean()), 2),
             "prompt_tokens": round(float(frame["prompt_tokens"].mean()), 1)}  # fmt: skip

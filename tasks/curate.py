@@ -54,11 +54,13 @@ def run(params: Params, root: Path, r: str) -> dict:
         state.history = read_history(root, r)  # earlier rounds' failures: the repair pathway
         policy = params.rounds[r].rollout_round
         folder = require(model_dir(root, policy), stage_of_model(policy))
-        tokenizer = load_tokenizer(folder)
         if params.rollout.memory.meta_tasks:  # the meta-agent validates with the round's policy
             from rollwise.policy.hf import HFBackend
 
-            backend = HFBackend(*load_policy(folder))
+            model, tokenizer = load_policy(folder)
+            backend = HFBackend(model, tokenizer)
+        else:
+            tokenizer = load_tokenizer(folder)
     done = loop.curate(params, suite, episodes, steps, state, int(r), tokenizer, backend)
     with atomic_dir(round_dir(root, "curated", r)) as out:
         for name, table in done.tables.items():

@@ -347,8 +347,8 @@ def skill_round(
     if validate is not None:
         diagnoses = meta.localize(episodes, steps, calls)
         tried = meta.propose(diagnoses, new, bank, r)[: params.rollout.memory.meta_max_updates]
-        log = pd.DataFrame(columns=meta.GATE_COLUMNS)  # no update: no validation to pay for
-        new, log = meta.gate(new, tried, validate) if tried else (new, log)
+        none = pd.DataFrame(columns=meta.GATE_COLUMNS)  # no update: no validation to pay for
+        new, log = meta.gate(new, tried, validate) if tried else (new, none)
         causes = diagnoses["cause"].value_counts()
         meta_metrics = {**{f"meta_{c}": int(causes.get(c, 0)) for c in meta.CAUSES},
                         "meta_tried": len(log), "meta_kept": int(log["kept"].sum())}  # fmt: skip
