@@ -46,9 +46,9 @@ from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy  # noqa: E402
 from rollwise.memory import bank, wrap  # noqa: E402
-from rollwise.memory.skills import SkillConfig, induce  # noqa: E402
+from rollwise.memory.skills import SkillConfig, oracle_skill  # noqa: E402
 from rollwise.policy.chat import action_text  # noqa: E402
-from rollwise.rollout.engine import Limits, clone_env  # noqa: E402
+from rollwise.rollout.engine import Limits  # noqa: E402
 from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
 from rollwise.types import ToolCall  # noqa: E402
 
@@ -68,10 +68,8 @@ ENVS = EnvsConfig(seed=0, n_envs=4, tasks_per_env=60, owners_per_env=6, max_reco
                   heldout_envs=0)  # fmt: skip
 
 
-def oracle_pairs(suite, task) -> list[tuple[ToolCall, str]]:
-    env = clone_env(suite.envs[task.env_id])
-    env.reset(task, 0)
-    return [(c, env.step(c).content) for c in task.oracle]
+def own_skill(suite, task):
+    return oracle_skill(task, suite.envs[task.env_id])
 
 
 def split_tasks(suite) -> tuple[list, list]:
@@ -81,13 +79,13 @@ def split_tasks(suite) -> tuple[list, list]:
 
 
 def skill_table(suite, tasks) -> pd.DataFrame:
-    rows = [bank.row_of(induce(t.env_id, oracle_pairs(suite, t)), "success", t.task_id, 0)
+    rows = [bank.row_of(own_skill(suite, t), "success", t.task_id, 0)
             for t in tasks]  # fmt: skip
     return bank.add(bank.empty(), pd.DataFrame(rows, columns=bank.SKILL_COLUMNS))
 
 
 def script(suite, task, exposed: list) -> list[str]:
-    want = induce(task.env_id, oracle_pairs(suite, task))
+    want = own_skill(suite, task)
     if any(s.skill_id == want.skill_id for s in exposed):
         return [action_text([ToolCall(want.name, want.example)]), action_text(answer=task.answer)]
     return [action_text([c]) for c in task.oracle] + [action_text(answer=task.answer)]
@@ -95,7 +93,7 @@ def script(suite, task, exposed: list) -> list[str]:
 
 def coverage(suite, tasks, table, cfg) -> float:
     """Share of evaluation tasks whose oracle's skill is exposed to their episodes."""
-    hits = [induce(t.env_id, oracle_pairs(suite, t)).skill_id
+    hits = [own_skill(suite, t).skill_id
             in {s.skill_id for s in bank.exposed(table, t.env_id, cfg)} for t in tasks]  # fmt: skip
     return round(sum(hits) / len(hits), 3)
 

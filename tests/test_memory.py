@@ -5,6 +5,7 @@ the validation gate of the meta-agent, and working memory's state. Episodes are 
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -420,3 +421,56 @@ def test_the_curate_stage_runs_the_meta_agent_with_the_rounds_policy(world, tmp_
     log = pd.read_parquet(tmp_path / "data" / "curated" / "round_01" / "meta_updates.parquet")
     assert list(log.columns) == meta.GATE_COLUMNS and len(log) == 0
     assert (metrics["meta_missing_skill"], metrics["meta_tried"], metrics["skills"]) == (1, 0, 1)
+
+
+def test_a_skill_use_demo_calls_the_skill_its_oracle_abstracts(world):
+    """warmstart.skill_demos: with the task's own skill offered, the demo is one call to it (the
+    expansion's results are the oracle calls' results) then the answer; with only another skill
+    offered, the oracle's own calls with the skill listed among the tools."""
+    from rollwise.memory.skills import Skill
+    from rollwise.train.sft import oracle_sequence, skill_sequence
+
+    suite, tok = world
+    task = status_tasks(suite)[0]
+    env = suite.envs[task.env_id]
+    pairs, _ = run_calls(suite, task, task.oracle)
+    own = induce(task.env_id, pairs)
+
+    def called(ids, mask) -> list[str]:
+        acted = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        return [json.loads(c)["name"] for c in re.findall(r"<tool_call>(.*?)</tool_call>", acted)]
+
+    ids, mask = skill_sequence(task, env, tok, [own])
+    assert called(ids, mask) == [own.name]
+    assert tok.decode(ids).endswith(task.answer + tok.eos_token)
+    results = [json.loads(r) for _, r in pairs]  # the real calls' results, in order
+    assert json.dumps(results, separators=(",", ":")) in tok.decode(ids)
+
+    other = Skill(own.env_id, own.params, own.steps[:1], own.example)  # fits no task here
+    ids, mask = skill_sequence(task, env, tok, [other])
+    assert called(ids, mask) == [c.name for c in task.oracle]
+    assert f"{other.name}(" in tok.decode(ids)  # offered in the tool listing
+    assert other.name not in tok.decode(oracle_sequence(task, env, tok)[0])
+
+
+def test_skill_demos_offer_each_environments_common_skills_to_a_share_of_demos(world):
+    from rollwise.config import ParamsError, validate
+    from rollwise.loop import warmstart_key
+    from rollwise.train.warmstart import demo_skills, demos_with_kinds
+
+    suite, tok = world
+    offered = demo_skills(suite, per_env=2)
+    assert offered and all(0 < len(v) <= 2 for v in offered.values())
+    plain, kinds = demos_with_kinds([suite], tok, 0.0, 0)
+    skilled, skill_kinds = demos_with_kinds([suite], tok, 0.0, 0, skill_share=1.0, per_env=2)
+    assert kinds == skill_kinds and len(plain) == len(skilled)
+    calls = [tok.decode(ids).count("run_") for ids, _ in skilled]
+    assert sum(c > 0 for c in calls) > 0  # some demos offer, and some call, a skill
+    assert sum(tok.decode(ids).count("run_") for ids, _ in plain) == 0
+    base = validate({})
+    on = validate({"warmstart": {"skill_demos": 0.5}})
+    wider = validate({"warmstart": {"skill_demos": 0.5}, "rollout": {"memory": {"per_env": 8}}})
+    assert len({warmstart_key(base), warmstart_key(on), warmstart_key(wider)}) == 3
+    assert warmstart_key(base) == warmstart_key(validate({"rollout": {"memory": {"per_env": 8}}}))
+    with pytest.raises(ParamsError, match=r"warmstart\.skill_demos.*rollout\.action_mode"):
+        validate({"warmstart": {"skill_demos": 0.5}, "rollout": {"action_mode": "code"}})

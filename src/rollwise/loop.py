@@ -721,12 +721,17 @@ def warm_start(
 
 
 def warmstart_key(params: Params) -> str:
-    """What a built warm start depends on: the suite, the policy, the SFT recipe, and in code
-    mode the action format and sandbox its demos ran in (direct mode's keys stay as they were)."""
+    """What a built warm start depends on: the suite, the policy, the SFT recipe, in code mode
+    the action format and sandbox its demos ran in, and with skill demos the skills an
+    environment offers (keys without either stay as they were)."""
     import hashlib
     import json
 
-    parts = (params.envs.model_dump(), params.policy.model_dump(), params.warmstart.model_dump())
+    w = params.warmstart
+    parts = (params.envs.model_dump(), params.policy.model_dump(),
+             w.model_dump(exclude=set() if w.skill_demos else {"skill_demos"}))  # fmt: skip
+    if w.skill_demos:  # its demos offer that many skills an environment
+        parts += ("skills", params.rollout.memory.per_env)
     if params.rollout.action_mode == "code":
         parts += ("code", params.rollout.sandbox.model_dump())
     blob = json.dumps(parts, sort_keys=True, default=str).encode()

@@ -160,6 +160,16 @@ class Params(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def skill_demos_need_direct_calls(self) -> Params:
+        """A skill is a tool call; code mode's demos are code (no skill function there yet)."""
+        if self.warmstart.skill_demos and self.rollout.action_mode != "direct":
+            raise ValueError(
+                f"warmstart.skill_demos: {self.warmstart.skill_demos} needs "
+                f"rollout.action_mode: direct (it is {self.rollout.action_mode!r})"
+            )
+        return self
+
     @property
     def n_rounds(self) -> int:
         return len(self.rounds)

@@ -172,6 +172,16 @@ class WarmstartConfig(Section):
         "called: the guessing habit of a chat model, which RL's reward has to replace with "
         "lookups. 0: oracle demos only.",
     )
+    skill_demos: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of oracle demos shown with a skill bank offered as tools (the "
+        "skills the environment's multi-call train oracles abstract, rollout.memory.per_env "
+        "of them): where one abstracts the demo's own calls, the demo calls it once instead. "
+        "So a policy has seen a skill called before RL offers it one (rollout.memory.skills). "
+        "Direct tool calls only. 0: no skill in any demo.",
+    )
     balance_kinds: bool = Field(
         False,
         description="Draw SFT batches round-robin over task kinds, so a short warm start's few "

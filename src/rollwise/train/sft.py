@@ -20,7 +20,7 @@ from rollwise.policy.chat import (
     user_text,
 )
 from rollwise.train.optim import make_optimizer
-from rollwise.types import Task
+from rollwise.types import Task, ToolCall
 
 MAX_USER_TURNS = 100  # a demo whose user never stops is an environment bug, not a demo
 
@@ -86,8 +86,36 @@ def dry_run(task: Task, env, calls: list) -> list[str]:
 
 def oracle_sequence(task: Task, env, tokenizer, code=None) -> tuple[list[int], list[int]]:
     """(token ids, loss mask): mask 1 on the assistant's tokens only (`code`: oracle_texts)."""
-    ids, turns = oracle_texts(task, env, tokenizer, code)
-    mask = [0] * len(ids)
+    return masked(*oracle_texts(task, env, tokenizer, code), tokenizer)
+
+
+def skill_sequence(task: Task, env, tokenizer, skills: list) -> tuple[list[int], list[int]]:
+    """oracle_sequence with `skills` offered as tools (memory.wrap, as rollout.memory offers a
+    bank): one call to the skill that abstracts the task's oracle calls when it is offered (its
+    expansion makes the same real calls), else the oracle's own calls, since not every offered
+    skill fits. A multi-turn conversation (env.oracle_turns) keeps its own calls."""
+    from rollwise.memory import wrap
+    from rollwise.memory.skills import oracle_skill
+
+    skilled = wrap(env, skills)
+    own = oracle_skill(task, env) if not hasattr(env, "oracle_turns") else None
+    fit = next((s for s in skills if own and s.skill_id == own.skill_id), None)
+    if fit is not None:
+        prompt = opening(task, skilled, tokenizer)
+        call = ToolCall(fit.name, dict(own.example))
+        shown = skilled.step(call)
+        if shown.kind == "ok":
+            eos = tokenizer.eos_token
+            turns = [(action_text([call], eos=eos), observation_text(tokenizer, [shown])),
+                     (action_text(answer=task.answer, eos=eos), None)]  # fmt: skip
+            return masked(prompt, turns, tokenizer)
+    return oracle_sequence(task, skilled, tokenizer)
+
+
+def masked(prompt: list[int], turns: list, tokenizer) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of a prompt and its (action, what follows) turns: mask 1 on the
+    actions' tokens only."""
+    ids, mask = list(prompt), [0] * len(prompt)
     for action, observation in turns:
         piece = encode(tokenizer, action)
         ids, mask = ids + piece, mask + [1] * len(piece)

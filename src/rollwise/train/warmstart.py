@@ -44,7 +44,13 @@ def sft_warm_start(
         else:  # a pretrained model's own tokenizer reads every word
             model, tokenizer = base
         train, kinds = demos_with_kinds(
-            demo_suites, tokenizer, w.direct_answer_share, w.seed, demo_limits(params)
+            demo_suites,
+            tokenizer,
+            w.direct_answer_share,
+            w.seed,
+            demo_limits(params),
+            w.skill_demos,
+            params.rollout.memory.per_env,
         )
         if not train and w.steps:
             raise ValueError(
@@ -74,18 +80,26 @@ def demo_limits(params: Params):
 
 
 def demos_with_kinds(
-    suites: list[Suite], tokenizer, direct_share: float, seed: int, code=None
+    suites: list[Suite],
+    tokenizer,
+    direct_share: float,
+    seed: int,
+    code=None,
+    skill_share: float = 0.0,
+    per_env: int = 4,
 ) -> tuple[list[tuple], list[str]]:
     """demos() and each one's task kind ("direct" for a guessed answer): the strata a balanced
-    SFT draw cycles through (warmstart.balance_kinds). `code`: demo_limits()."""
+    SFT draw cycles through (warmstart.balance_kinds). `code`: demo_limits(). `skill_share` of
+    the oracle demos (warmstart.skill_demos) offer their environment's demo_skills."""
     import random
 
-    from rollwise.train.sft import direct_sequence, oracle_sequence
+    from rollwise.train.sft import direct_sequence, oracle_sequence, skill_sequence
 
-    rng = random.Random(seed)
+    rng, skill_rng = random.Random(seed), random.Random(f"skills-{seed}")  # direct draws kept
     out, kinds = [], []
     for s in suites:
         tasks = s.split("train")
+        offered = demo_skills(s, per_env) if skill_share else {}
         for t in tasks:
             env = s.envs[t.env_id]
             if direct_share and rng.random() < direct_share:
@@ -93,10 +107,36 @@ def demos_with_kinds(
                 wrong = [a for a in wrong if a != t.answer] or ["unknown"]
                 out.append(direct_sequence(t, env, tokenizer, wrong[0], code))
                 kinds.append("direct")
+            elif offered.get(t.env_id) and skill_rng.random() < skill_share:
+                out.append(skill_sequence(t, env, tokenizer, offered[t.env_id]))
+                kinds.append(t.kind)
             else:
                 out.append(oracle_sequence(t, env, tokenizer, code))
                 kinds.append(t.kind)
     return out, kinds
+
+
+def demo_skills(suite: Suite, per_env: int) -> dict[str, list]:
+    """env_id -> the skills its multi-call train oracles abstract, the `per_env` most common
+    (ties by id): the bank a skill-use demo offers, as the curator's bank would hold them once
+    the policy solves such tasks."""
+    from collections import Counter
+
+    from rollwise.memory.skills import oracle_skill
+
+    found: dict[str, Counter] = {}
+    skills = {}
+    for t in suite.split("train"):
+        env = suite.envs[t.env_id]
+        if len(t.oracle) < 2 or hasattr(env, "oracle_turns"):
+            continue
+        skill = oracle_skill(t, env)
+        skills[skill.skill_id] = skill
+        found.setdefault(t.env_id, Counter())[skill.skill_id] += 1
+    return {
+        env_id: [skills[k] for k, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:per_env]]
+        for env_id, c in found.items()
+    }
 
 
 def success_check(model, tokenizer, suite: Suite, params: Params, checks: list[dict] | None):
