@@ -13,8 +13,9 @@ RL half (`--rl`): from one warm start per seed (bench/learning.py's recipe), `--
 in each arm at equal rollouts, the arm's memory on in the round (rollout.memory: none, working,
 skills managed, both, append, the never-pruned bank, and meta, the managed bank with the
 meta-agent gating its updates each round); then greedy held-out success by
-horizon (the oracle's call count), each arm with its own memory and bank. Per round: the bank's
-size, churn, skill calls and their success share. `memory_minus_none_pts_longest`: the best
+horizon (the oracle's call count), each arm with its own memory and bank, and the share of those
+episodes whose policy called a skill. Per round: the bank's size, churn, skill calls and their
+success share. `warmstart.skill_demos=S` gives every arm a warm start whose demos call skills. `memory_minus_none_pts_longest`: the best
 memory arm minus none on the longest tasks (target >= +10); `skillforge_minus_append_only_pts`:
 skills minus append over all held-out tasks. Without `--rl` they are null.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -46,7 +48,7 @@ from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy  # noqa: E402
 from rollwise.memory import bank, wrap  # noqa: E402
-from rollwise.memory.skills import SkillConfig, oracle_skill  # noqa: E402
+from rollwise.memory.skills import SKILL_PREFIX, SkillConfig, oracle_skill  # noqa: E402
 from rollwise.policy.chat import action_text  # noqa: E402
 from rollwise.rollout.engine import Limits  # noqa: E402
 from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
@@ -175,7 +177,16 @@ def rl_arm(cfg, folder: Path, suite, tasks: list, n_rounds: int) -> dict:
     return {"success": round(100 * float(episodes["success"].mean()), 1),
             "by_horizon": by_horizon(episodes, suite),
             "skills_offered": int((state.skills["status"] != "retired").sum()),
+            "skill_call_share": skill_call_share(episodes, tok),
             "rounds": rounds}  # fmt: skip
+
+
+def skill_call_share(episodes: pd.DataFrame, tok) -> float:
+    """Share of episodes in which the policy's own tokens call a skill (a run_* tool)."""
+    called = re.compile(rf'"name"\s*:\s*"{SKILL_PREFIX}')
+    pairs = zip(episodes["token_ids"], episodes["loss_mask"], strict=True)
+    own = [tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) for ids, mask in pairs]
+    return round(sum(bool(called.search(t)) for t in own) / max(len(own), 1), 3)
 
 
 def summary(runs: list[dict]) -> dict:

@@ -22,6 +22,8 @@ def test_rl_half_at_toy_size(tmp_path, monkeypatch):
     runs = result["rl_runs"]
     assert [r["arm"] for r in runs] == list(memory.RL_ARMS)
     assert all(len(r["rounds"]) == 1 for r in runs)
+    assert all(0 <= r["skill_call_share"] <= 1 for r in runs)
+    assert all(r["skill_call_share"] == 0 for r in runs if r["arm"] in ("none", "working"))
     assert all("skills" in r["rounds"][0] for r in runs if r["arm"] in ("skills", "both", "append"))
     assert all("skills" not in r["rounds"][0] for r in runs if r["arm"] in ("none", "working"))
     assert all(("meta_tried" in r["rounds"][0]) == (r["arm"] == "meta") for r in runs)
