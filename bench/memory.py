@@ -15,9 +15,10 @@ skills managed, both, append, the never-pruned bank, and meta, the managed bank 
 meta-agent gating its updates each round); then greedy held-out success by
 horizon (the oracle's call count), each arm with its own memory and bank, and the share of those
 episodes whose policy called a skill. Per round: the bank's size, churn, skill calls and their
-success share. `warmstart.skill_demos=S` gives every arm a warm start whose demos call skills. `memory_minus_none_pts_longest`: the best
-memory arm minus none on the longest tasks (target >= +10); `skillforge_minus_append_only_pts`:
-skills minus append over all held-out tasks. Without `--rl` they are null.
+success share. `warmstart.skill_demos=S` gives every arm a warm start whose demos call skills.
+`memory_minus_none_pts_longest`: the best memory arm minus none on the longest tasks (target
+>= +10); `skillforge_minus_append_only_pts`: skills minus append over all held-out tasks.
+Without `--rl` they are null.
 
     .venv/bin/python bench/memory.py [--horizons 1 2 3 4 5] [--out bench/results/memory.json]
     .venv/bin/python bench/memory.py --rl [key=value ...] [--recipe smollm2|tiny] [--seeds 0] \
