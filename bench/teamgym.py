@@ -63,9 +63,22 @@ def paired_se(a: list[bool], b: list[bool]) -> float | None:
     return 100 * math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
 
 
+def play_all(tasks, policy, args) -> dict[str, list]:
+    """Each condition's episode of every task. A chat policy plays them all at once, a batch of
+    generations a turn (play_chats: the episodes `play` would give one at a time)."""
+    from rollwise.rollout.team import ChatPolicy, play_chats
+
+    dealt = [(t, setup(t, c, args.k, seed=0, distractors=args.distractors), 0)
+             for c in CONDITIONS for t in tasks]  # fmt: skip
+    if isinstance(policy, ChatPolicy):
+        eps = [p.episode for p in play_chats(dealt, policy, args.budget)]
+    else:
+        eps = [play(t, d, policy, args.budget, seed=seed) for t, d, seed in dealt]
+    return {c: eps[i * len(tasks) : (i + 1) * len(tasks)] for i, c in enumerate(CONDITIONS)}
+
+
 def run_policy(tasks, policy, args) -> dict:
-    eps = {c: [play(t, setup(t, c, args.k, seed=0, distractors=args.distractors), policy,
-                    args.budget, seed=0) for t in tasks] for c in CONDITIONS}  # fmt: skip
+    eps = play_all(tasks, policy, args)
     out = round_metrics([e for c in CONDITIONS for e in eps[c]])
     ok = {c: [e.success for e in eps[c]] for c in CONDITIONS}
     out["communication_gap_se_pts"] = paired_se(ok["single"], ok["split"])
@@ -122,12 +135,10 @@ def greedy_success(model, tok, tasks: list, args) -> tuple[dict, dict]:
     """round_metrics of greedy play on `tasks` under every condition, and each
     (task, condition)'s success for paired differences."""
     from rollwise.policy.hf import HFBackend
-    from rollwise.rollout.team import ChatPolicy, play_chats
+    from rollwise.rollout.team import ChatPolicy
 
     chat = ChatPolicy(HFBackend(model, tok), tok, args.max_new_tokens, greedy=True)
-    jobs = [(t, setup(t, c, args.k, seed=0, distractors=args.distractors), 0)
-            for c in CONDITIONS for t in tasks]  # fmt: skip
-    eps = [p.episode for p in play_chats(jobs, chat, args.budget)]
+    eps = [e for c, played in play_all(tasks, chat, args).items() for e in played]
     return round_metrics(eps), {f"{e.task.task_id}/{e.setup.condition}": e.success for e in eps}
 
 
