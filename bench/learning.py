@@ -192,7 +192,8 @@ def run_seed(seed: int, p, suite, args, save=None) -> dict:
             print(json.dumps({"seed": seed, **curve[-1]}), flush=True)
             curve[-1]["episodes"] = ep
             if save is not None:
-                save({**finished(seed, start, ep, curve, rounds, unseen, warm_s, t0, partial=True),
+                left = r < args.rounds  # the last round's save is whole but for a control
+                save({**finished(seed, start, ep, curve, rounds, unseen, warm_s, t0, partial=left),
                       "headroom": room})  # fmt: skip
 
     loop.run_rounds(cfg, suite, model, tok, args.rounds, on_round=on_round)
