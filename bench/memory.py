@@ -49,9 +49,10 @@ from rollwise.envs.generate import generate_suite  # noqa: E402
 from rollwise.envs.runtime import load_suite  # noqa: E402
 from rollwise.evaluate.full import evaluate_policy  # noqa: E402
 from rollwise.memory import bank, wrap  # noqa: E402
-from rollwise.memory.skills import SKILL_PREFIX, SkillConfig, oracle_skill  # noqa: E402
+from rollwise.memory.skills import SKILL_PREFIX, SkillConfig  # noqa: E402
 from rollwise.policy.chat import action_text  # noqa: E402
 from rollwise.rollout.engine import Limits  # noqa: E402
+from rollwise.train.sft import oracle_skill  # noqa: E402
 from rollwise.train.warmstart import suite_tokenizer  # noqa: E402
 from rollwise.types import ToolCall  # noqa: E402
 

@@ -138,7 +138,7 @@ def greedy_success(model, tok, tasks: list, args) -> tuple[dict, dict]:
     from rollwise.rollout.team import ChatPolicy
 
     chat = ChatPolicy(HFBackend(model, tok), tok, args.max_new_tokens, greedy=True)
-    eps = [e for c, played in play_all(tasks, chat, args).items() for e in played]
+    eps = [e for played in play_all(tasks, chat, args).values() for e in played]
     return round_metrics(eps), {f"{e.task.task_id}/{e.setup.condition}": e.success for e in eps}
 
 

@@ -122,16 +122,6 @@ def induce(env_id: str, calls: list[tuple[ToolCall, str]]) -> Skill:
     return Skill(env_id, params, steps, example)
 
 
-def oracle_skill(task, env) -> Skill:
-    """The skill the task's oracle calls abstract, their results read on a private copy of
-    `env` from the task's start."""
-    from rollwise.rollout.engine import clone_env
-
-    probe = clone_env(env)
-    probe.reset(task, 0)
-    return induce(task.env_id, [(c, probe.step(c).content) for c in task.oracle])
-
-
 def parse(content: str):
     try:
         return json.loads(content)

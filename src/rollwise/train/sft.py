@@ -84,6 +84,15 @@ def dry_run(task: Task, env, calls: list) -> list[str]:
     return [probe.step(call).content for call in calls]
 
 
+def oracle_skill(task: Task, env):
+    """The skill (memory/skills.py) the task's oracle calls abstract, their results read by a
+    dry run."""
+    from rollwise.memory.skills import induce
+
+    calls = list(task.oracle)
+    return induce(task.env_id, list(zip(calls, dry_run(task, env, calls), strict=True)))
+
+
 def oracle_sequence(task: Task, env, tokenizer, code=None) -> tuple[list[int], list[int]]:
     """(token ids, loss mask): mask 1 on the assistant's tokens only (`code`: oracle_texts)."""
     return masked(*oracle_texts(task, env, tokenizer, code), tokenizer)
@@ -95,7 +104,6 @@ def skill_sequence(task: Task, env, tokenizer, skills: list) -> tuple[list[int],
     expansion makes the same real calls), else the oracle's own calls, since not every offered
     skill fits. A multi-turn conversation (env.oracle_turns) keeps its own calls."""
     from rollwise.memory import wrap
-    from rollwise.memory.skills import oracle_skill
 
     skilled = wrap(env, skills)
     own = oracle_skill(task, env) if not hasattr(env, "oracle_turns") else None

@@ -122,7 +122,7 @@ def demo_skills(suite: Suite, per_env: int) -> dict[str, list]:
     the policy solves such tasks."""
     from collections import Counter
 
-    from rollwise.memory.skills import oracle_skill
+    from rollwise.train.sft import oracle_skill
 
     found: dict[str, Counter] = {}
     skills = {}
